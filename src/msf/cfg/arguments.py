@@ -1,0 +1,72 @@
+"""The command line of ``msf-train``, built from the fields of :class:`msf.cfg.config.Config`."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+
+from msf.cfg.config import Config
+
+
+def str2bool(v: str) -> bool:
+    """Parse Sample Factory style booleans: ``--flag=True``, ``--flag=false``, ``--flag=1``."""
+    s = str(v).strip().lower()
+    if s in ("true", "1", "yes", "y", "t"):
+        return True
+    if s in ("false", "0", "no", "n", "f"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected True or False, got {v!r}")
+
+
+def _int_or_float_int(v: str) -> int:
+    """Integers also accepted as ``1e6`` (a whole number written in float notation)."""
+    try:
+        return int(v)
+    except ValueError:
+        f = float(v)
+        if not f.is_integer():
+            raise argparse.ArgumentTypeError(f"expected an integer, got {v!r}")
+        return int(f)
+
+
+def build_parser(prog: str = "msf-train", description: str | None = None) -> argparse.ArgumentParser:
+    """An ``argparse`` parser with one option per :class:`Config` field, grouped by stage."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=description,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        allow_abbrev=False,
+    )
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    hints = typing.get_type_hints(Config)
+    for f in dataclasses.fields(Config):
+        meta = f.metadata
+        group = groups.setdefault(meta["group"], parser.add_argument_group(meta["group"]))
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        hint = hints[f.name]
+        kwargs: dict = {"default": default, "help": meta["help"]}
+        if meta.get("choices"):
+            kwargs["choices"] = meta["choices"]
+        if hint is bool:
+            kwargs.update(type=str2bool, metavar="True|False")
+        elif hint is int:
+            kwargs["type"] = _int_or_float_int
+        elif hint == (int | None):
+            kwargs["type"] = _int_or_float_int
+        elif hint is float:
+            kwargs["type"] = float
+        elif hint is list:
+            kwargs.update(type=int, nargs="*")
+        else:
+            kwargs["type"] = str
+        group.add_argument(f"--{f.name}", **kwargs)
+    return parser
+
+
+def parse_args(argv: list[str] | None = None, description: str | None = None) -> tuple[Config, set[str]]:
+    """Parse ``argv`` into a :class:`Config`; also return the names of the flags given explicitly."""
+    parser = build_parser(description=description)
+    ns = parser.parse_args(argv)
+    given = {name for name in vars(ns) if getattr(ns, name) != parser.get_default(name)}
+    return Config(**vars(ns)), given

@@ -1,0 +1,165 @@
+"""The typed configuration: every flag, its Sample Factory name, default and meaning.
+
+One dataclass holds every flag. Each field carries its help text and its
+``--help`` group in ``metadata``; :mod:`msf.cfg.arguments` builds the command line
+from these fields, and :mod:`msf.cfg.validation` checks them once, before any
+process is spawned. Values derived from flags (the rollout workers' env split,
+trajectories per batch, ...) live in :class:`Derived`, computed in one place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def _f(default: Any, help: str, group: str, choices: tuple | None = None) -> Any:
+    meta = {"help": help, "group": group, "choices": choices}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+BASIC = "basic"
+SAMPLING = "sampling (rollout and inference workers)"
+LEARNING = "learning (PPO, advantages, optimiser)"
+MODEL = "model"
+STOPPING = "stopping"
+PERSISTENCE = "checkpoints and summaries"
+
+
+@dataclass
+class Config:
+    """All flags of ``msf-train``. Names, meanings and defaults follow Sample Factory 2."""
+
+    # --- basic ---
+    env: str = _f("CartPole-v1", "Environment: a gymnasium id (also 'module:Id'), or a name given to register_env", BASIC)
+    experiment: str = _f("default_experiment", "Experiment name; results go to train_dir/experiment", BASIC)
+    train_dir: str = _f("./train_dir", "Root folder of all experiments", BASIC)
+    restart_behavior: str = _f(
+        "resume",
+        "resume: continue from the latest checkpoint of the experiment; restart: move the old experiment "
+        "folder aside and start anew; overwrite: delete it and start anew",
+        BASIC,
+        ("resume", "restart", "overwrite"),
+    )
+    device: str = _f("gpu", "Device of the learner and inference workers: gpu (falls back to cpu when CUDA is not available) or cpu", BASIC, ("gpu", "cpu"))
+    seed: int | None = _f(None, "Seed of the model initialisation and of the environments (random when not given)", BASIC)
+    num_policies: int = _f(1, "Number of policies trained at once (only 1 is supported for now)", BASIC)
+
+    # --- sampling ---
+    num_workers: int = _f(os.cpu_count() or 1, "Rollout worker processes on this machine (default: the number of CPU cores)", SAMPLING)
+    num_envs_per_worker: int = _f(2, "Environments stepped by each rollout worker", SAMPLING)
+    worker_num_splits: int = _f(
+        2,
+        "Groups the envs of a worker are split into for double-buffered sampling: while one group waits "
+        "for actions the other steps. Must divide num_envs_per_worker",
+        SAMPLING,
+    )
+    policy_workers_per_policy: int = _f(1, "Inference worker processes per policy; rollout workers are assigned to them round-robin", SAMPLING)
+    rollout: int = _f(32, "Length of the trajectories written to the trajectory buffer, in env steps", SAMPLING)
+    recurrence: int = _f(-1, "Length of the sequences the learner trains on; -1 means 1 (no recurrent core yet). Must divide rollout", SAMPLING)
+    max_policy_lag: int = _f(1000, "Trajectories whose oldest action is more than this many policy versions old are dropped (and counted)", SAMPLING)
+    env_frameskip: int = _f(1, "Frames covered by one env step, for counting env frames (gymnasium envs: 1)", SAMPLING)
+    summaries_use_frameskip: bool = _f(True, "Count env frames (steps x frameskip) in the step budget, the curves' x-axis and FPS", SAMPLING)
+
+    # --- learning ---
+    batch_size: int = _f(1024, "Samples per minibatch (per learner replica). Must be a multiple of rollout", LEARNING)
+    num_batches_per_epoch: int = _f(1, "Minibatches per epoch; one training iteration consumes batch_size x num_batches_per_epoch samples", LEARNING)
+    num_epochs: int = _f(1, "Passes over the iteration's samples", LEARNING)
+    ppo_clip_ratio: float = _f(0.1, "PPO clip: the ratio is clipped to [1/(1+eps), 1+eps] (Sample Factory's convention)", LEARNING)
+    ppo_clip_value: float = _f(1.0, "Clip of the value change in the clipped value loss (in normalised units with normalize_returns)", LEARNING)
+    value_loss_coeff: float = _f(0.5, "Coefficient of the value loss", LEARNING)
+    exploration_loss_coeff: float = _f(0.003, "Coefficient of the entropy bonus", LEARNING)
+    learning_rate: float = _f(1e-4, "Adam learning rate", LEARNING)
+    lr_schedule: str = _f(
+        "constant",
+        "constant, or kl_adaptive_minibatch / kl_adaptive_epoch: divide the lr by 1.5 when the KL exceeds 2x "
+        "lr_schedule_kl_threshold, multiply it by 1.5 when it is below half of it, after each minibatch / epoch",
+        LEARNING,
+        ("constant", "kl_adaptive_minibatch", "kl_adaptive_epoch"),
+    )
+    lr_schedule_kl_threshold: float = _f(0.008, "KL target of the adaptive lr schedules", LEARNING)
+    lr_adaptive_min: float = _f(1e-6, "Lowest lr of the adaptive schedules", LEARNING)
+    lr_adaptive_max: float = _f(1e-2, "Highest lr of the adaptive schedules", LEARNING)
+    adam_eps: float = _f(1e-6, "Adam epsilon", LEARNING)
+    adam_beta1: float = _f(0.9, "Adam beta1", LEARNING)
+    adam_beta2: float = _f(0.999, "Adam beta2", LEARNING)
+    max_grad_norm: float = _f(4.0, "Gradients are clipped to this global L2 norm (0 disables clipping)", LEARNING)
+    gamma: float = _f(0.99, "Discount factor", LEARNING)
+    gae_lambda: float = _f(0.95, "GAE lambda (Schulman et al. 2016), used when with_vtrace is off", LEARNING)
+    with_vtrace: bool = _f(False, "Advantages and value targets by V-trace (Espeholt et al. 2018) instead of GAE", LEARNING)
+    vtrace_rho: float = _f(1.0, "V-trace rho-bar: clip of the importance weights in the TD errors and policy gradient", LEARNING)
+    vtrace_c: float = _f(1.0, "V-trace c-bar: clip of the trace-cutting importance weights", LEARNING)
+    reward_scale: float = _f(1.0, "Rewards are multiplied by this before learning", LEARNING)
+    reward_clip: float = _f(1000.0, "Scaled rewards are clipped to [-reward_clip, reward_clip]", LEARNING)
+    value_bootstrap: bool = _f(False, "On a truncated (timed-out) episode add gamma x V(last state) to its last reward instead of treating it as terminal", LEARNING)
+    normalize_input: bool = _f(True, "Normalise observations with a running mean and variance (clipped to [-5, 5])", LEARNING)
+    normalize_returns: bool = _f(True, "Train the value head on returns normalised by a running mean and variance", LEARNING)
+    shuffle_minibatches: bool = _f(False, "Shuffle trajectories between minibatches of each epoch", LEARNING)
+
+    # --- model ---
+    encoder_mlp_layers: list = _f([512, 512], "Hidden layer sizes of the MLP encoder for vector observations", MODEL)
+    nonlinearity: str = _f("elu", "Activation of the encoder", MODEL, ("elu", "relu", "tanh"))
+    actor_critic_share_weights: bool = _f(True, "One encoder for actor and critic (False: two separate encoders)", MODEL)
+    policy_initialization: str = _f("orthogonal", "Weight initialisation of linear layers", MODEL, ("orthogonal", "xavier_uniform", "torch_default"))
+    policy_init_gain: float = _f(1.0, "Gain of the orthogonal / xavier initialisation", MODEL)
+    initial_stddev: float = _f(1.0, "Initial standard deviation of the Gaussian action head (continuous actions)", MODEL)
+
+    # --- stopping ---
+    train_for_env_steps: int = _f(10_000_000_000, "Stop after this many env steps (env frames with summaries_use_frameskip)", STOPPING)
+    train_for_seconds: int = _f(10_000_000_000, "Stop after this many seconds of training", STOPPING)
+
+    # --- persistence ---
+    save_every_sec: int = _f(120, "Seconds between checkpoints", PERSISTENCE)
+    keep_checkpoints: int = _f(2, "Number of newest checkpoints kept", PERSISTENCE)
+    experiment_summaries_interval: int = _f(10, "Seconds between TensorBoard summaries and log status lines", PERSISTENCE)
+    stats_avg: int = _f(100, "Episodes averaged in episode_return_mean and the other episode statistics", PERSISTENCE)
+    with_progress_bar: bool = _f(True, "Show a progress bar when the console is a terminal", PERSISTENCE)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Config":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+@dataclass(frozen=True)
+class Derived:
+    """Values computed from a :class:`Config`; never set by hand.
+
+    Attributes:
+        recurrence: effective recurrence (``cfg.recurrence`` with -1 resolved).
+        envs_per_split: envs in one split of a rollout worker.
+        trajectories_per_batch: trajectories of ``rollout`` steps in one minibatch.
+        trajectories_per_iteration: trajectories one training iteration consumes.
+        slots_per_worker: trajectory-buffer slots owned by each rollout worker: one being
+            written per env, plus spares so that the learner can gather two iterations.
+        frameskip: frames per env step used for counting (1 without summaries_use_frameskip).
+    """
+
+    recurrence: int
+    envs_per_split: int
+    trajectories_per_batch: int
+    trajectories_per_iteration: int
+    slots_per_worker: int
+    frameskip: int
+
+    @classmethod
+    def of(cls, cfg: Config) -> "Derived":
+        recurrence = 1 if cfg.recurrence == -1 else cfg.recurrence
+        per_batch = cfg.batch_size // cfg.rollout
+        per_iter = per_batch * cfg.num_batches_per_epoch
+        spare = max(cfg.num_envs_per_worker, -(-2 * per_iter // cfg.num_workers))
+        return cls(
+            recurrence=recurrence,
+            envs_per_split=cfg.num_envs_per_worker // cfg.worker_num_splits,
+            trajectories_per_batch=per_batch,
+            trajectories_per_iteration=per_iter,
+            slots_per_worker=cfg.num_envs_per_worker + spare,
+            frameskip=cfg.env_frameskip if cfg.summaries_use_frameskip else 1,
+        )

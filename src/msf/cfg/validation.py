@@ -1,0 +1,79 @@
+"""Validation of a :class:`Config`, once, before any process is spawned.
+
+Every problem is reported as a :class:`ConfigError` whose message names the flag
+and what would be valid; ``msf-train`` prints it on one line and exits with code 2.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+from msf.cfg.config import Config
+
+
+class ConfigError(ValueError):
+    """A flag has an invalid value. The message starts with the flag's name."""
+
+
+def _check(ok: bool, flag: str, msg: str) -> None:
+    if not ok:
+        raise ConfigError(f"--{flag}: {msg}")
+
+
+def validate(cfg: Config) -> None:
+    """Check flag values and their combinations; check that ``train_dir`` is writable.
+
+    The environment itself is checked by :func:`msf.envs.registry.env_spaces`.
+
+    Raises:
+        ConfigError: on the first invalid flag found.
+    """
+    for name in ("num_workers", "num_envs_per_worker", "worker_num_splits", "policy_workers_per_policy",
+                 "rollout", "batch_size", "num_batches_per_epoch", "num_epochs", "env_frameskip",
+                 "keep_checkpoints", "stats_avg", "train_for_env_steps", "train_for_seconds"):
+        v = getattr(cfg, name)
+        _check(v >= 1, name, f"must be a positive integer, got {v}")
+    _check(cfg.num_policies == 1, "num_policies",
+           f"only 1 policy is supported so far (several policies are a planned feature), got {cfg.num_policies}")
+    _check(cfg.num_envs_per_worker % cfg.worker_num_splits == 0, "worker_num_splits",
+           f"must divide num_envs_per_worker={cfg.num_envs_per_worker}, got {cfg.worker_num_splits}")
+    _check(cfg.policy_workers_per_policy <= cfg.num_workers, "policy_workers_per_policy",
+           f"must be at most num_workers={cfg.num_workers} (each inference worker serves whole rollout workers), "
+           f"got {cfg.policy_workers_per_policy}")
+    _check(cfg.rollout >= 2, "rollout", f"must be at least 2, got {cfg.rollout}")
+    _check(cfg.recurrence == -1 or cfg.recurrence >= 1, "recurrence", f"must be -1 or a positive integer, got {cfg.recurrence}")
+    if cfg.recurrence != -1:
+        _check(cfg.recurrence <= cfg.rollout, "recurrence",
+               f"must not be longer than rollout={cfg.rollout}, got {cfg.recurrence}")
+        _check(cfg.rollout % cfg.recurrence == 0, "recurrence",
+               f"must divide rollout={cfg.rollout}, got {cfg.recurrence}")
+    _check(cfg.batch_size % cfg.rollout == 0, "batch_size",
+           f"must be a multiple of rollout={cfg.rollout} (the learner trains on whole trajectories), got {cfg.batch_size}")
+    for name in ("gamma", "gae_lambda"):
+        v = getattr(cfg, name)
+        _check(0.0 <= v <= 1.0, name, f"must be in [0, 1], got {v}")
+    for name in ("learning_rate", "ppo_clip_ratio", "ppo_clip_value", "adam_eps", "vtrace_rho", "vtrace_c",
+                 "lr_schedule_kl_threshold", "lr_adaptive_min", "lr_adaptive_max", "reward_clip", "initial_stddev"):
+        v = getattr(cfg, name)
+        _check(v > 0, name, f"must be positive, got {v}")
+    for name in ("value_loss_coeff", "exploration_loss_coeff", "max_grad_norm", "max_policy_lag", "save_every_sec",
+                 "experiment_summaries_interval"):
+        v = getattr(cfg, name)
+        _check(v >= 0, name, f"must not be negative, got {v}")
+    _check(cfg.lr_adaptive_min <= cfg.lr_adaptive_max, "lr_adaptive_min",
+           f"must not exceed lr_adaptive_max={cfg.lr_adaptive_max}, got {cfg.lr_adaptive_min}")
+    _check(len(cfg.encoder_mlp_layers) >= 1 and all(n >= 1 for n in cfg.encoder_mlp_layers), "encoder_mlp_layers",
+           f"must be one or more positive layer sizes, got {cfg.encoder_mlp_layers}")
+    _check(bool(cfg.experiment) and os.sep not in cfg.experiment, "experiment",
+           f"must be a non-empty name without '{os.sep}', got {cfg.experiment!r}")
+    _check_writable(cfg.train_dir)
+
+
+def _check_writable(train_dir: str) -> None:
+    try:
+        os.makedirs(train_dir, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=train_dir, prefix=".msf-write-test"):
+            pass
+    except OSError as e:
+        raise ConfigError(f"--train_dir: {train_dir!r} is not a writable folder ({e.strerror or e})") from None

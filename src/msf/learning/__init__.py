@@ -1,0 +1,1 @@
+"""The learner: losses, advantage estimators, normalisers, learning-rate schedules."""

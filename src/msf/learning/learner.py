@@ -1,0 +1,170 @@
+"""The learner: one PPO-clip training iteration on a batch of whole trajectories.
+
+No processes here: :meth:`Learner.train` takes tensors and returns statistics, so it is
+tested on hand-built batches. The device-group runner feeds it from the trajectory
+buffer and publishes the weights after each SGD step through ``on_sgd_step``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+from msf.cfg.config import Config, Derived
+from msf.envs.registry import EnvSpaces
+from msf.learning.advantages import apply_value_bootstrap, gae, vtrace
+from msf.learning.losses import approx_kl, clipped_value_loss, ppo_policy_loss
+from msf.learning.lr_schedule import KlAdaptiveLR
+from msf.model.actor_critic import ActorCritic
+
+Batch = dict[str, torch.Tensor]
+
+
+class Learner:
+    """Model, optimiser and schedule of one policy on one device.
+
+    Args:
+        cfg, derived: the run's configuration. spaces: the env's spaces.
+        device: torch device to train on.
+
+    Attributes:
+        train_step: SGD steps taken. policy_version: equal to ``train_step`` (the version
+            that inference workers record per sample, to measure policy lag).
+    """
+
+    def __init__(self, cfg: Config, derived: Derived, spaces: EnvSpaces, device: torch.device | str = "cpu"):
+        self.cfg, self.derived = cfg, derived
+        self.device = torch.device(device)
+        self.model = ActorCritic(cfg, spaces).to(self.device)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps,
+                                          betas=(cfg.adam_beta1, cfg.adam_beta2))
+        self.lr_schedule = None if cfg.lr_schedule == "constant" else KlAdaptiveLR(
+            cfg.learning_rate, cfg.lr_schedule_kl_threshold, cfg.lr_adaptive_min, cfg.lr_adaptive_max)
+        self.train_step = 0
+
+    @property
+    def policy_version(self) -> int:
+        return self.train_step
+
+    @property
+    def lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"]
+
+    def _set_lr(self, lr: float) -> None:
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+
+    def _prepare(self, batch: Batch) -> Batch:
+        """Move to the device, scale and clip rewards, update the normalisers, compute GAE targets."""
+        cfg = self.cfg
+        b = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+        B, T = b["rewards"].shape
+        b["rewards"] = (b["rewards"] * cfg.reward_scale).clamp(-cfg.reward_clip, cfg.reward_clip)
+        b["dones"] = b["dones"].float()
+        b["time_outs"] = b["time_outs"].float()
+        model = self.model
+        if model.obs_normalizer is not None:
+            # statistics from the observations acted on (not the bootstrap rows, seen again next time)
+            model.obs_normalizer.update(b["obs"][:, :T])
+        with torch.no_grad():
+            values = model(b["obs"].reshape(B * (T + 1), *b["obs"].shape[2:])).values.view(B, T + 1)
+        b["old_values"] = values[:, :T]  # value-head units, for the clipped value loss
+        values = model.denormalize_values(values)
+        if cfg.value_bootstrap:
+            b["rewards"] = apply_value_bootstrap(b["rewards"], values, b["time_outs"], cfg.gamma)
+        if not cfg.with_vtrace:
+            b["advantages"], b["targets"] = gae(b["rewards"], values, b["dones"], cfg.gamma, cfg.gae_lambda)
+            if model.returns_normalizer is not None:
+                model.returns_normalizer.update(b["targets"])
+        return b
+
+    def _minibatch_loss(self, mb: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        cfg, model = self.cfg, self.model
+        b, T = mb["rewards"].shape
+        obs = mb["obs"]
+        flat_obs = obs[:, :T].reshape(b * T, *obs.shape[2:])
+        out = model(flat_obs)
+        log_probs = model.log_prob(out.dist, mb["actions"].reshape(b * T, *mb["actions"].shape[2:]))
+        old_log_probs = mb["log_probs"].reshape(-1)
+        values = out.values
+        if cfg.with_vtrace:
+            with torch.no_grad():
+                last = model(obs[:, T]).values
+                v = model.denormalize_values(torch.cat([values.detach().view(b, T), last[:, None]], 1))
+                log_rhos = (log_probs.detach() - old_log_probs).view(b, T)
+                targets, adv = vtrace(mb["rewards"], v, mb["dones"], log_rhos, cfg.gamma, cfg.vtrace_rho, cfg.vtrace_c)
+                if model.returns_normalizer is not None:
+                    model.returns_normalizer.update(targets)
+        else:
+            targets, adv = mb["targets"], mb["advantages"]
+        adv = adv.reshape(-1)
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        targets = model.normalize_values(targets.reshape(-1))
+        policy_loss = ppo_policy_loss(log_probs, old_log_probs, adv, cfg.ppo_clip_ratio)
+        value_loss = clipped_value_loss(values, mb["old_values"].reshape(-1), targets, cfg.ppo_clip_value)
+        entropy = model.entropy(out.dist).mean()
+        loss = policy_loss + cfg.value_loss_coeff * value_loss - cfg.exploration_loss_coeff * entropy
+        stats = {"policy_loss": policy_loss.detach(), "value_loss": value_loss.detach(), "entropy": entropy.detach(),
+                 "kl": approx_kl(log_probs.detach(), old_log_probs), "loss": loss.detach()}
+        return loss, stats
+
+    def train(self, batch: Batch, on_sgd_step: Callable[[nn.Module, int], None] | None = None) -> dict[str, float]:
+        """One training iteration: ``num_epochs`` passes of ``num_batches_per_epoch`` minibatches.
+
+        Args:
+            batch: ``obs`` ``[B, T + 1, *obs_shape]``; ``actions`` ``[B, T(, A)]``; ``log_probs``,
+                ``rewards``, ``dones``, ``time_outs`` ``[B, T]`` (behaviour log-probs, raw rewards,
+                episode ends, time-outs), with ``B`` a multiple of ``num_batches_per_epoch``.
+            on_sgd_step: called after each SGD step with the model and the new policy version.
+
+        Returns:
+            mean losses, entropy, KL, gradient norm and learning rate over the iteration.
+        """
+        cfg = self.cfg
+        b = self._prepare(batch)
+        B = b["rewards"].shape[0]
+        per_mb = B // cfg.num_batches_per_epoch
+        totals: dict[str, float] = {}
+        n = 0
+        for _ in range(cfg.num_epochs):
+            order = torch.randperm(B, device=self.device) if cfg.shuffle_minibatches else torch.arange(B, device=self.device)
+            epoch_kl = 0.0
+            for i in range(cfg.num_batches_per_epoch):
+                idx = order[i * per_mb:(i + 1) * per_mb]
+                mb = {k: v.index_select(0, idx) for k, v in b.items()}
+                loss, stats = self._minibatch_loss(mb)
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
+                stats["grad_norm"] = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+                self.optimizer.step()
+                self.train_step += 1
+                kl = float(stats["kl"])
+                epoch_kl += kl
+                if cfg.lr_schedule == "kl_adaptive_minibatch":
+                    self._set_lr(self.lr_schedule.update(kl))
+                if on_sgd_step is not None:
+                    on_sgd_step(self.model, self.policy_version)
+                for k, v in stats.items():
+                    totals[k] = totals.get(k, 0.0) + float(v)
+                n += 1
+            if cfg.lr_schedule == "kl_adaptive_epoch":
+                self._set_lr(self.lr_schedule.update(epoch_kl / cfg.num_batches_per_epoch))
+        out = {k: v / n for k, v in totals.items()}
+        out["lr"] = self.lr
+        return out
+
+    def state_dict(self) -> dict:
+        """Everything needed to resume: model (with normalisers), optimiser, step, lr."""
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "train_step": self.train_step, "lr": self.lr}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.train_step = int(state["train_step"])
+        self._set_lr(float(state["lr"]))
+        if self.lr_schedule is not None:
+            self.lr_schedule.lr = self.lr

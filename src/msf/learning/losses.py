@@ -1,0 +1,47 @@
+"""PPO-clip losses. Pure tensor functions over ``[N]`` samples."""
+
+from __future__ import annotations
+
+import torch
+
+
+def ppo_policy_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
+                    clip_ratio: float) -> torch.Tensor:
+    """Clipped surrogate loss (Schulman et al. 2017, "Proximal policy optimization", eq. 7), with
+    the ratio clipped to ``[1 / (1 + eps), 1 + eps]`` as Sample Factory does (symmetric in log space),
+    not ``[1 - eps, 1 + eps]``.
+
+    ``loss = -mean(min(r A, clip(r, 1/(1+eps), 1+eps) A))``, ``r = exp(log_probs - old_log_probs)``.
+
+    Args:
+        log_probs: ``[N]`` under the policy being trained. old_log_probs: ``[N]`` of the behaviour
+        policy. advantages: ``[N]``.
+
+    Returns:
+        scalar loss.
+    """
+    ratio = torch.exp(log_probs - old_log_probs)
+    clipped = ratio.clamp(1.0 / (1.0 + clip_ratio), 1.0 + clip_ratio)
+    return -torch.min(ratio * advantages, clipped * advantages).mean()
+
+
+def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, targets: torch.Tensor,
+                       clip_value: float) -> torch.Tensor:
+    """Clipped value loss as in Sample Factory and OpenAI baselines' PPO2:
+    ``mean(max((v - R)^2, (v_old + clip(v - v_old, -c, c) - R)^2))``.
+
+    Args:
+        values, old_values, targets: ``[N]`` (all in the value head's units).
+
+    Returns:
+        scalar loss (not yet multiplied by ``value_loss_coeff``).
+    """
+    clipped = old_values + (values - old_values).clamp(-clip_value, clip_value)
+    return torch.max((values - targets).square(), (clipped - targets).square()).mean()
+
+
+def approx_kl(log_probs: torch.Tensor, old_log_probs: torch.Tensor) -> torch.Tensor:
+    """Estimate of ``KL(old || new)`` from log-probabilities of the old policy's actions:
+    ``mean((r - 1) - log r)`` (non-negative, unbiased; J. Schulman, "Approximating KL divergence", 2020)."""
+    log_r = log_probs - old_log_probs
+    return (log_r.exp() - 1.0 - log_r).mean()

@@ -1,0 +1,63 @@
+"""Running mean and variance, for observation and return normalisation.
+
+Statistics are updated explicitly by the learner (:meth:`RunningMeanStd.update`), never
+inside ``forward``, so that the forward pass is a pure function of the parameters and
+buffers that the learner publishes to the inference workers.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class RunningMeanStd(nn.Module):
+    """Mean and variance over all samples seen, merged batch by batch.
+
+    The merge is the parallel variance formula of Chan, Golub & LeVeque (1979):
+    for counts ``n_a, n_b``, means ``m_a, m_b`` and variances ``v_a, v_b``,
+    ``m = m_a + d n_b / n``, ``v = (v_a n_a + v_b n_b + d^2 n_a n_b / n) / n`` with
+    ``d = m_b - m_a``, ``n = n_a + n_b``. Statistics are kept in float64.
+
+    Args:
+        shape: shape of one sample (``()`` for scalars).
+        clip: normalised values are clipped to ``[-clip, clip]`` (None: no clip).
+        eps: added to the variance before the square root.
+    """
+
+    def __init__(self, shape: tuple[int, ...], clip: float | None = 5.0, eps: float = 1e-5):
+        super().__init__()
+        self.clip = clip
+        self.eps = eps
+        self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
+        self.register_buffer("count", torch.zeros((), dtype=torch.float64))
+
+    @torch.no_grad()
+    def update(self, x: torch.Tensor) -> None:
+        """Merge a batch ``x`` of shape ``[N, *shape]`` into the statistics."""
+        x = x.detach().reshape(-1, *self.mean.shape).to(torch.float64)
+        n_b = x.shape[0]
+        if n_b == 0:
+            return
+        m_b = x.mean(0)
+        v_b = x.var(0, unbiased=False)
+        n_a = self.count
+        n = n_a + n_b
+        d = m_b - self.mean
+        self.mean.add_(d * n_b / n)
+        self.var.copy_((self.var * n_a + v_b * n_b + d.square() * n_a * n_b / n) / n)
+        self.count.fill_(n)
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        """``(x - mean) / sqrt(var + eps)``, clipped; same shape and dtype as ``x``."""
+        mean = self.mean.to(x.dtype)
+        std = torch.sqrt(self.var + self.eps).to(x.dtype)
+        y = (x - mean) / std
+        if self.clip is not None:
+            y = y.clamp(-self.clip, self.clip)
+        return y
+
+    def denormalize(self, y: torch.Tensor) -> torch.Tensor:
+        """Inverse of :meth:`normalize` (without the clip)."""
+        return y * torch.sqrt(self.var + self.eps).to(y.dtype) + self.mean.to(y.dtype)

@@ -1,0 +1,5 @@
+"""Encoders, action heads and the actor-critic."""
+
+from msf.model.actor_critic import ActorCritic, PolicyOutput
+
+__all__ = ["ActorCritic", "PolicyOutput"]

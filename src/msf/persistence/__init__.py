@@ -1,0 +1,1 @@
+"""Checkpoints and summaries (TensorBoard, summary.json, the log file)."""

@@ -1,0 +1,1 @@
+"""Device-group runner, process supervision and launching."""

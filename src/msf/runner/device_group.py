@@ -1,0 +1,158 @@
+"""The wiring of one device group: the whole graph on one screen.
+
+::
+
+    rollout worker w --(pipe: split byte)--> inference worker (w % P) --(pipe: split byte)--> rollout worker w
+          |  writes obs/rewards/dones                    |  writes actions/log-probs/versions
+          v                                              v
+                      trajectory buffer (shared memory, one per device group)
+          |  FullTrajectories (slot indices) on full_queue
+          v
+    training loop + learner (this process) --free slots--> free_queues[w] --> rollout worker w
+          |  publish weights after each SGD step (seqlock, shared memory) --> inference workers
+          +--> checkpoints, TensorBoard, summary.json (rank 0)
+
+Back-pressure: a rollout worker with no free slot waits for the learner to return one.
+Stop: the main process sets ``stop_event``; every child polls it at least every 0.5 s.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+import msf
+from msf.cfg.config import Config, Derived
+from msf.envs.registry import EnvSpaces
+from msf.learning.learner import Learner
+from msf.learning.published_weights import PublishedWeights
+from msf.persistence.checkpoint import load_latest_checkpoint
+from msf.persistence.summaries import TensorBoardSummaries, setup_logging, write_json_atomic
+from msf.runner.experiment import prepare_experiment_dir
+from msf.runner.supervision import CTX, spawn, stop_children
+from msf.runner.training_loop import Channels, Counters, TrainingLoop
+from msf.sampling.inference_worker import inference_worker_main
+from msf.sampling.rollout_worker import rollout_worker_main
+from msf.sampling.trajectory_buffer import TrajectoryBuffer
+
+log = logging.getLogger("msf")
+
+
+def resolve_device(name: str) -> str:
+    """``gpu`` -> ``cuda`` when CUDA is available, else ``cpu`` (with a log line)."""
+    if name == "gpu":
+        if torch.cuda.is_available():
+            return "cuda"
+        log.info("--device=gpu but CUDA is not available: using the CPU")
+    return "cpu"
+
+
+class _SignalHandler:
+    """First SIGINT/SIGTERM: stop cleanly (final checkpoint). Second SIGINT: exit at once."""
+
+    def __init__(self, loop: TrainingLoop):
+        self.loop, self.count = loop, 0
+        self.old = {s: signal.signal(s, self) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.count += 1
+        if self.count > 1 and signum == signal.SIGINT:
+            os._exit(130)
+        log.warning("received %s: stopping after the current step (Ctrl-C again to exit at once)",
+                    signal.Signals(signum).name)
+        self.loop.request_stop("stopped")
+
+    def restore(self) -> None:
+        for s, h in self.old.items():
+            signal.signal(s, h)
+
+
+def _start_workers(cfg: Config, derived: Derived, spaces: EnvSpaces, buffer: TrajectoryBuffer,
+                   weights: PublishedWeights, device: str, stop_event: Any) -> Channels:
+    """Spawn the inference workers and the rollout workers, joined by one pipe per rollout worker."""
+    failures, full_queue, stats_queue = CTX.Queue(), CTX.Queue(), CTX.Queue()
+    free_queues = [CTX.Queue() for _ in range(cfg.num_workers)]
+    P = cfg.policy_workers_per_policy
+    pipes = [CTX.Pipe(duplex=True) for _ in range(cfg.num_workers)]
+    inference_stats = [torch.zeros(2, dtype=torch.float64).share_memory_() for _ in range(P)]
+    procs = []
+    me = os.getpid()
+    for i in range(P):
+        conns = {w: pipes[w][0] for w in range(i, cfg.num_workers, P)}
+        procs.append(spawn(inference_worker_main, f"inference_worker_{i}", failures, cfg, derived, spaces, buffer,
+                           conns, weights, device, stop_event, me, inference_stats[i]))
+    for w in range(cfg.num_workers):
+        procs.append(spawn(rollout_worker_main, f"rollout_worker_{w}", failures, cfg, derived, w, buffer,
+                           pipes[w][1], full_queue, free_queues[w], stats_queue, stop_event, me))
+    return Channels(full_queue, free_queues, stats_queue, failures, procs, inference_stats)
+
+
+def run_device_group(cfg: Config, spaces: EnvSpaces) -> dict:
+    """Train one policy on one device group until done; return the contents of ``summary.json``.
+
+    Raises nothing for a failed run: the failure is logged with its traceback and the
+    summary's ``status`` is ``"failed"``; the last checkpoint is left as it was.
+    """
+    derived = Derived.of(cfg)
+    exp_dir = prepare_experiment_dir(cfg)
+    setup_logging(exp_dir)
+    device = resolve_device(cfg.device)
+    seed = cfg.seed if cfg.seed is not None else int(np.random.SeedSequence().entropy % (2**31))
+    torch.manual_seed(seed)
+    # the learner shares the machine with the workers: more threads than spare cores only contend
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) - cfg.num_workers - cfg.policy_workers_per_policy))
+    learner = Learner(cfg, derived, spaces, device)
+    counters = Counters()
+    purge_step = None
+    state = load_latest_checkpoint(exp_dir) if cfg.restart_behavior == "resume" else None
+    if state is not None:
+        learner.load_state_dict(state)
+        counters = Counters(env_steps=state["env_steps"], episodes=state["episodes"],
+                            dropped_trajectories=state["dropped_trajectories"],
+                            returns=state["episode_returns"], lengths=state["episode_lengths"])
+        purge_step = counters.env_steps * derived.frameskip
+        log.info("resumed from %s at env step %d, policy version %d", state["path"], counters.env_steps,
+                 learner.policy_version)
+    log.info("msf %s | %s | device %s | %d rollout workers x %d envs, %d inference workers | experiment %s",
+             msf.__version__, cfg.env, device, cfg.num_workers, cfg.num_envs_per_worker,
+             cfg.policy_workers_per_policy, exp_dir)
+    buffer = TrajectoryBuffer.allocate(cfg, derived, spaces)
+    weights = PublishedWeights(learner.model)
+    weights.publish(learner.model, learner.policy_version)
+    stop_event = CTX.Event()
+    tb = TensorBoardSummaries(exp_dir, purge_step=purge_step)
+    ch = _start_workers(cfg, derived, spaces, buffer, weights, device, stop_event)
+    loop = TrainingLoop(cfg, derived, learner, buffer, weights, ch, exp_dir, counters, tb)
+    signals = _SignalHandler(loop)
+    t0 = time.monotonic()
+    try:
+        status = loop.run()
+        loop.save()
+    except Exception as e:  # noqa: BLE001 - any failure ends the run with status "failed"
+        log.error("run failed: %s", e)
+        status = "failed"
+    finally:
+        stop_event.set()
+        signals.restore()
+        stop_children(ch.procs)
+        tb.close()
+    wall = time.monotonic() - t0
+    run_frames = (counters.env_steps - loop.start_steps) * cfg.env_frameskip
+    summary = {
+        "status": status, "env": cfg.env, "experiment": cfg.experiment, "msf_version": msf.__version__,
+        "env_steps": counters.env_steps, "env_frames": counters.env_steps * cfg.env_frameskip,
+        "wall_seconds": wall, "fps": run_frames / max(wall, 1e-9), "train_steps": learner.train_step,
+        "policy_version": learner.policy_version, "episodes": counters.episodes,
+        "episode_return_mean": loop.return_mean(),
+        "episode_length_mean": float(np.mean(counters.lengths)) if counters.lengths else None,
+        "policy_lag_mean": counters.lag[1], "policy_lag_max": counters.lag[2],
+        "dropped_trajectories": counters.dropped_trajectories, "world_size": 1, "seed": seed,
+    }
+    write_json_atomic(os.path.join(exp_dir, "summary.json"), summary)
+    return summary

@@ -1,0 +1,241 @@
+"""The main loop of a device group: collect trajectories, train, publish, summarise, checkpoint, stop.
+
+It runs in the device group's main process, beside the learner. Every wait in it has a
+timeout, and every pass checks the children and the failure queue, so that a dead
+component ends the run within a second or so.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+import msf
+from msf.cfg.config import Config, Derived
+from msf.learning.learner import Learner
+from msf.learning.published_weights import PublishedWeights
+from msf.persistence.checkpoint import save_checkpoint
+from msf.persistence.summaries import Progress, TensorBoardSummaries
+from msf.runner.supervision import ChildDied, check_children
+from msf.sampling.messages import ComponentFailure, EpisodeStats, FullTrajectories
+from msf.sampling.trajectory_buffer import TrajectoryBuffer
+
+log = logging.getLogger("msf")
+
+
+class ComponentFailed(RuntimeError):
+    """A child process reported an exception (the message holds its traceback)."""
+
+
+@dataclass
+class Channels:
+    """The queues and processes the loop talks to (built by :func:`msf.runner.device_group.run_device_group`)."""
+
+    full_queue: Any
+    free_queues: list[Any]
+    stats_queue: Any
+    failures: Any
+    procs: list[Any]
+    inference_stats: list[torch.Tensor]
+
+
+@dataclass
+class Counters:
+    """Progress of the run; ``env_steps`` counts agent steps of all trajectories received."""
+
+    env_steps: int = 0
+    episodes: int = 0
+    dropped_trajectories: int = 0
+    returns: collections.deque = field(default_factory=collections.deque)
+    lengths: collections.deque = field(default_factory=collections.deque)
+    lag: tuple[float, float, float] = (0.0, 0.0, 0.0)
+
+
+class TrainingLoop:
+    """Drives one device group's learner until the budget is spent, a stop is requested, or a failure."""
+
+    def __init__(self, cfg: Config, derived: Derived, learner: Learner, buffer: TrajectoryBuffer,
+                 weights: PublishedWeights, ch: Channels, exp_dir: str, counters: Counters,
+                 tb: TensorBoardSummaries):
+        self.cfg, self.derived, self.learner, self.buffer = cfg, derived, learner, buffer
+        self.weights, self.ch, self.exp_dir, self.c, self.tb = weights, ch, exp_dir, counters, tb
+        self.c.returns = collections.deque(self.c.returns, maxlen=cfg.stats_avg)
+        self.c.lengths = collections.deque(self.c.lengths, maxlen=cfg.stats_avg)
+        self.pending: collections.deque[tuple[int, int]] = collections.deque()  # (worker, slot)
+        self.ready: list[dict[str, torch.Tensor]] = []  # copied-out trajectories not yet trained on
+        self.ready_count = 0
+        self.stop_reason: str | None = None
+        self.start_time = time.monotonic()
+        self.start_steps = counters.env_steps
+        self.fps_window: collections.deque[tuple[float, int]] = collections.deque([(self.start_time, counters.env_steps)])
+        self.last_train_stats: dict[str, float] = {}
+        self.progress = Progress(cfg.train_for_env_steps, cfg.with_progress_bar, initial=self.frames)
+
+    @property
+    def frames(self) -> int:
+        """Env steps in the unit of the budget and the curves (frames with summaries_use_frameskip)."""
+        return self.c.env_steps * self.derived.frameskip
+
+    def request_stop(self, reason: str) -> None:
+        if self.stop_reason is None:
+            self.stop_reason = reason
+
+    # --- collecting -------------------------------------------------------------------------
+    def _poll_children(self) -> None:
+        try:
+            f: ComponentFailure = self.ch.failures.get_nowait()
+            raise ComponentFailed(f"{f.component} (pid {f.pid}) failed:\n{f.traceback}")
+        except queue.Empty:
+            pass
+        check_children(self.ch.procs)
+
+    def _drain_stats(self) -> None:
+        while True:
+            try:
+                s: EpisodeStats = self.ch.stats_queue.get_nowait()
+            except queue.Empty:
+                return
+            self.c.returns.extend(s.returns)
+            self.c.lengths.extend(s.lengths)
+            self.c.episodes += len(s.returns)
+
+    def _receive(self, timeout: float) -> None:
+        """Move announced trajectories to ``pending`` (waiting at most ``timeout`` for the first)."""
+        try:
+            msg: FullTrajectories = self.ch.full_queue.get(timeout=timeout)
+        except queue.Empty:
+            return
+        while True:
+            self.pending.extend((msg.worker, s) for s in msg.slots)
+            self.c.env_steps += len(msg.slots) * self.cfg.rollout
+            try:
+                msg = self.ch.full_queue.get_nowait()
+            except queue.Empty:
+                return
+
+    def _copy_out(self) -> None:
+        """Copy pending trajectories out of the buffer, return their slots, drop the too-old ones."""
+        if not self.pending:
+            return
+        items = list(self.pending)
+        self.pending.clear()
+        slots = torch.tensor([s for _, s in items], dtype=torch.int64)
+        batch = self.buffer.gather(slots)
+        by_worker: dict[int, list[int]] = collections.defaultdict(list)
+        for w, s in items:
+            by_worker[w].append(s)
+        for w, ss in by_worker.items():
+            self.ch.free_queues[w].put(ss)
+        lag = self.learner.policy_version - batch["policy_versions"].min(1).values
+        keep = lag <= self.cfg.max_policy_lag
+        if not bool(keep.all()):
+            self.c.dropped_trajectories += int((~keep).sum())
+            batch = {k: v[keep] for k, v in batch.items()}
+        if batch["rewards"].shape[0]:
+            self.ready.append(batch)
+            self.ready_count += batch["rewards"].shape[0]
+
+    def _next_batch(self) -> dict[str, torch.Tensor] | None:
+        n = self.derived.trajectories_per_iteration
+        if self.ready_count < n:
+            return None
+        allb = {k: torch.cat([b[k] for b in self.ready]) for k in self.ready[0]}
+        batch = {k: v[:n] for k, v in allb.items()}
+        rest = {k: v[n:] for k, v in allb.items()}
+        self.ready = [rest] if rest["rewards"].shape[0] else []
+        self.ready_count -= n
+        return batch
+
+    # --- training -----------------------------------------------------------------------------
+    def _train(self, batch: dict[str, torch.Tensor]) -> None:
+        lag = (self.learner.policy_version - batch["policy_versions"]).float()
+        self.c.lag = (float(lag.min()), float(lag.mean()), float(lag.max()))
+        self.last_train_stats = self.learner.train(
+            batch, on_sgd_step=lambda model, version: self.weights.publish(model, version))
+
+    # --- reporting ----------------------------------------------------------------------------
+    def fps(self) -> tuple[float, float]:
+        """(frames per second over the last ~10 s, since the start of this run)."""
+        now = time.monotonic()
+        self.fps_window.append((now, self.c.env_steps))
+        while len(self.fps_window) > 2 and now - self.fps_window[1][0] > 10.0:
+            self.fps_window.popleft()
+        t0, s0 = self.fps_window[0]
+        fs = self.derived.frameskip
+        recent = (self.c.env_steps - s0) * fs / max(now - t0, 1e-9)
+        total = (self.c.env_steps - self.start_steps) * fs / max(now - self.start_time, 1e-9)
+        return recent, total
+
+    def return_mean(self) -> float | None:
+        return float(np.mean(self.c.returns)) if self.c.returns else None
+
+    def _summaries(self) -> None:
+        recent, _ = self.fps()
+        inf = [float(s[1]) / max(float(s[0]), 1.0) for s in self.ch.inference_stats]
+        scalars = {"perf/fps": recent, "perf/dropped_trajectories": self.c.dropped_trajectories,
+                   "perf/inference_batch_size": float(np.mean(inf)) if inf else None,
+                   "policy_lag/min": self.c.lag[0], "policy_lag/mean": self.c.lag[1], "policy_lag/max": self.c.lag[2],
+                   "train/policy_version": self.learner.policy_version}
+        if self.c.returns:
+            scalars["episode/return_mean"] = self.return_mean()
+            scalars["episode/length_mean"] = float(np.mean(self.c.lengths))
+        scalars.update({f"train/{k}": v for k, v in self.last_train_stats.items()})
+        self.tb.add(scalars, self.frames)
+        rm = self.return_mean()
+        log.info("frames %d | fps %.0f | return_mean %s | policy_lag mean %.1f max %.0f | train_step %d | dropped %d",
+                 self.frames, recent, "n/a" if rm is None else f"{rm:.1f}", self.c.lag[1], self.c.lag[2],
+                 self.learner.train_step, self.c.dropped_trajectories)
+
+    def checkpoint_state(self) -> dict:
+        """The training state saved in a checkpoint (global: loads on any world size)."""
+        return {**self.learner.state_dict(), "env_steps": self.c.env_steps, "episodes": self.c.episodes,
+                "policy_version": self.learner.policy_version, "config": self.cfg.to_dict(), "world_size": 1,
+                "msf_version": msf.__version__, "episode_returns": list(self.c.returns),
+                "episode_lengths": list(self.c.lengths), "dropped_trajectories": self.c.dropped_trajectories}
+
+    def save(self) -> None:
+        path = save_checkpoint(self.checkpoint_state(), self.exp_dir, self.cfg.keep_checkpoints)
+        log.info("saved %s", path)
+
+    # --- the loop ------------------------------------------------------------------------------
+    def _budget_spent(self) -> bool:
+        return (self.frames >= self.cfg.train_for_env_steps
+                or time.monotonic() - self.start_time >= self.cfg.train_for_seconds)
+
+    def run(self) -> str:
+        """Loop until done; return the status: "done" or "stopped" (raises on a failure)."""
+        cfg = self.cfg
+        last_summary = last_save = time.monotonic()
+        while True:
+            self._poll_children()
+            if self.stop_reason is not None:
+                break
+            self._receive(timeout=0.05)
+            self._copy_out()
+            batch = self._next_batch()
+            if batch is not None:
+                self._train(batch)
+            self._drain_stats()
+            if self._budget_spent():
+                self.request_stop("done")
+            now = time.monotonic()
+            rm = self.return_mean()
+            self.progress.update(self.frames, {"fps": f"{self.fps()[1]:.0f}", "return": "n/a" if rm is None else f"{rm:.1f}",
+                                               "lag": f"{self.c.lag[1]:.1f}"})
+            if now - last_summary >= cfg.experiment_summaries_interval:
+                last_summary = now
+                self._summaries()
+            if now - last_save >= cfg.save_every_sec:
+                last_save = now
+                self.save()
+        self._drain_stats()
+        self._summaries()
+        self.progress.close()
+        return self.stop_reason

@@ -1,0 +1,1 @@
+"""Rollout workers, inference workers and the shared-memory trajectory buffer."""

@@ -1,0 +1,103 @@
+"""The inference worker: batches the observations of its rollout workers and runs the policy.
+
+Rollout worker ``w`` is served by inference worker ``w % policy_workers_per_policy``. The
+worker waits on the pipes of all its rollout workers at once, takes every request that is
+ready (one byte: the split), gathers those envs' observations from the trajectory buffer
+in one indexing operation, runs one forward pass, writes actions, log-probabilities and
+the policy version back into the buffer, and answers each request with one byte.
+Before each batch it loads the newest weights the learner has published.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+import numpy as np
+import torch
+
+from msf.cfg.config import Config, Derived
+from msf.envs.registry import EnvSpaces
+from msf.learning.published_weights import PublishedWeights
+from msf.model.actor_critic import ActorCritic
+from msf.runner.supervision import parent_alive
+from msf.sampling.trajectory_buffer import TrajectoryBuffer
+
+log = logging.getLogger("msf")
+
+
+class InferenceWorker:
+    """One inference worker (see module docstring).
+
+    Args:
+        conns: ``{rollout worker index: pipe end}`` of the rollout workers it serves.
+        weights: the learner's published weights. device: torch device of the forward pass.
+        stats: shared ``[2]`` float64 tensor this worker adds to: (batches, samples), for summaries.
+    """
+
+    def __init__(self, cfg: Config, derived: Derived, spaces: EnvSpaces, buffer: TrajectoryBuffer,
+                 conns: dict[int, Connection], weights: PublishedWeights, device: str, stop_event: Any,
+                 parent_pid: int, stats: torch.Tensor):
+        self.cfg, self.conns, self.weights, self.stop_event = cfg, conns, weights, stop_event
+        self.parent_pid, self.stats = parent_pid, stats
+        self.device = torch.device(device)
+        self.eps = derived.envs_per_split
+        self.T = cfg.rollout
+        self.obs_flat = buffer.obs.view(-1, *spaces.obs_shape)
+        self.actions_flat = buffer.actions.view(-1, *spaces.action_shape)
+        self.log_probs_flat = buffer.log_probs.view(-1)
+        self.versions_flat = buffer.policy_versions.view(-1)
+        self.cursors = buffer.cursors.numpy()
+        self.model = ActorCritic(cfg, spaces).to(self.device).eval()
+        self.version = -1
+        self.worker_of = {c: w for w, c in conns.items()}
+
+    def _refresh_weights(self) -> None:
+        if self.weights.version != self.version:
+            self.version = self.weights.load_into(self.model)
+
+    @torch.inference_mode()
+    def _serve(self, requests: list[tuple[int, int]]) -> None:
+        cur = np.concatenate([self.cursors[w, s * self.eps:(s + 1) * self.eps] for w, s in requests])
+        slots, ts = cur[:, 0], cur[:, 1]
+        obs_idx = torch.from_numpy(slots * (self.T + 1) + ts)
+        act_idx = torch.from_numpy(slots * self.T + ts)
+        obs = self.obs_flat.index_select(0, obs_idx).to(self.device, non_blocking=True)
+        out = self.model(obs)
+        actions = out.dist.sample()
+        log_probs = self.model.log_prob(out.dist, actions)
+        self.actions_flat[act_idx] = actions.to("cpu")
+        self.log_probs_flat[act_idx] = log_probs.to("cpu")
+        self.versions_flat[act_idx] = self.version
+        self.stats[0] += 1
+        self.stats[1] += len(slots)
+
+    def run(self) -> None:
+        """Serve requests until the stop event is set or the parent process is gone."""
+        conns = list(self.conns.values())
+        while not self.stop_event.is_set() and parent_alive(self.parent_pid):
+            ready = wait(conns, timeout=0.5)
+            if not ready:
+                continue
+            requests = []
+            for c in ready:
+                w = self.worker_of[c]
+                try:
+                    while c.poll():
+                        requests.append((w, c.recv_bytes()[0]))
+                except EOFError:
+                    if self.stop_event.is_set():
+                        return
+                    raise RuntimeError(f"rollout worker {w} closed its pipe") from None
+            self._refresh_weights()
+            self._serve(requests)
+            for w, s in requests:
+                self.conns[w].send_bytes(bytes([s]))
+
+
+def inference_worker_main(*args: Any) -> None:
+    """Process entry point (see :class:`InferenceWorker` for the arguments)."""
+    torch.set_num_threads(1)
+    InferenceWorker(*args).run()

@@ -1,0 +1,177 @@
+"""The rollout worker: steps ``num_envs_per_worker`` environments in ``worker_num_splits`` groups.
+
+Double-buffered sampling: the envs are split into groups; when a group has stepped, the
+worker writes its observations to the trajectory buffer and asks the inference worker
+for actions with one byte on a pipe, then steps whichever group has its actions back.
+While the inference worker computes one group's actions, the worker steps another.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+import numpy as np
+import torch
+
+from msf.cfg.config import Config, Derived
+from msf.envs.registry import make_env
+from msf.sampling.messages import EpisodeStats, FullTrajectories
+from msf.sampling.trajectory_buffer import TrajectoryBuffer
+from msf.runner.supervision import parent_alive
+
+log = logging.getLogger("msf")
+
+# No actions for this long means the inference worker is gone or stuck.
+ACTION_TIMEOUT_S = 120.0
+STATS_PERIOD_S = 0.25
+
+
+class _Stop(Exception):
+    """The run is stopping (stop event set or parent gone)."""
+
+
+class RolloutWorker:
+    """State of one rollout worker (see module docstring).
+
+    Args:
+        cfg, derived: the run's configuration.
+        index: worker index ``w`` in ``[0, num_workers)``.
+        buffer: the device group's trajectory buffer.
+        conn: this worker's end of the pipe to its inference worker.
+        full_queue: where finished trajectories are announced (:class:`FullTrajectories`).
+        free_queue: where the learner returns this worker's slots once copied out.
+        stats_queue: where finished episodes are reported (:class:`EpisodeStats`).
+        stop_event: set by the main process to stop.
+    """
+
+    def __init__(self, cfg: Config, derived: Derived, index: int, buffer: TrajectoryBuffer, conn: Connection,
+                 full_queue: Any, free_queue: Any, stats_queue: Any, stop_event: Any, parent_pid: int):
+        self.cfg, self.index, self.conn = cfg, index, conn
+        self.full_queue, self.free_queue, self.stats_queue = full_queue, free_queue, stats_queue
+        self.stop_event, self.parent_pid = stop_event, parent_pid
+        self.T = cfg.rollout
+        self.E = cfg.num_envs_per_worker
+        self.eps = derived.envs_per_split
+        b = buffer.numpy_views()
+        self.obs, self.rewards, self.dones = b["obs"], b["rewards"], b["dones"]
+        self.time_outs, self.actions, self.cursors = b["time_outs"], b["actions"], b["cursors"][index]
+        first = index * derived.slots_per_worker
+        self.free_slots = collections.deque(range(first, first + derived.slots_per_worker))
+        seed = cfg.seed if cfg.seed is not None else int(np.random.SeedSequence().entropy % (2**31))
+        self.envs = []
+        for e in range(self.E):
+            env_index = index * self.E + e
+            env_cfg = {"worker_index": index, "env_index": env_index, "seed": seed + env_index}
+            self.envs.append(make_env(cfg.env, env_cfg))
+        space = self.envs[0].action_space
+        self.action_bounds = (space.low, space.high) if hasattr(space, "low") else None
+        self.seeds = [seed + index * self.E + e for e in range(self.E)]
+        self.ep_return = np.zeros(self.E, dtype=np.float64)
+        self.ep_len = np.zeros(self.E, dtype=np.int64)
+        self.done_returns: list[float] = []
+        self.done_lengths: list[int] = []
+        self.last_stats = time.monotonic()
+
+    def _take_slot(self) -> int:
+        """A free slot of this worker; blocks (back-pressure from the learner) until one is returned."""
+        while not self.free_slots:
+            try:
+                self.free_slots.extend(self.free_queue.get(timeout=0.5))
+            except Exception:  # queue.Empty
+                self._check_stop()
+        return self.free_slots.popleft()
+
+    def _check_stop(self) -> None:
+        if self.stop_event.is_set() or not parent_alive(self.parent_pid):
+            raise _Stop
+
+    def _reset_all(self) -> None:
+        for e, env in enumerate(self.envs):
+            obs, _ = env.reset(seed=self.seeds[e])
+            slot = self._take_slot()
+            self.cursors[e] = (slot, 0)
+            self.obs[slot, 0] = obs
+
+    def _step_split(self, split: int) -> None:
+        lo, hi = split * self.eps, (split + 1) * self.eps
+        cur = self.cursors[lo:hi]
+        slots, ts = cur[:, 0].copy(), cur[:, 1].copy()
+        actions = self.actions[slots, ts]
+        if self.action_bounds is not None:
+            actions = np.clip(actions, *self.action_bounds)
+        n = hi - lo
+        rew = np.empty(n, dtype=np.float32)
+        done = np.zeros(n, dtype=np.uint8)
+        tout = np.zeros(n, dtype=np.uint8)
+        next_obs = [None] * n
+        for i in range(n):
+            e = lo + i
+            obs, r, term, trunc, _ = self.envs[e].step(actions[i])
+            rew[i] = r
+            self.ep_return[e] += r
+            self.ep_len[e] += 1
+            if term or trunc:
+                done[i] = 1
+                tout[i] = trunc and not term
+                self.done_returns.append(float(self.ep_return[e]))
+                self.done_lengths.append(int(self.ep_len[e]))
+                self.ep_return[e] = 0.0
+                self.ep_len[e] = 0
+                obs, _ = self.envs[e].reset()
+            next_obs[i] = obs
+        self.rewards[slots, ts] = rew
+        self.dones[slots, ts] = done
+        self.time_outs[slots, ts] = tout
+        ts += 1
+        self.obs[slots, ts] = np.asarray(next_obs, dtype=np.float32)
+        full = np.nonzero(ts == self.T)[0]
+        if len(full):
+            self.full_queue.put(FullTrajectories(self.index, slots[full].tolist()))
+            for i in full:
+                new = self._take_slot()
+                self.obs[new, 0] = self.obs[slots[i], self.T]
+                slots[i], ts[i] = new, 0
+        cur[:, 0], cur[:, 1] = slots, ts
+
+    def _report_stats(self, now: float) -> None:
+        if self.done_returns and now - self.last_stats > STATS_PERIOD_S:
+            self.stats_queue.put(EpisodeStats(self.index, self.done_returns, self.done_lengths))
+            self.done_returns, self.done_lengths = [], []
+            self.last_stats = now
+
+    def run(self) -> None:
+        """Sample until the stop event is set or the parent process is gone."""
+        try:
+            self._reset_all()
+            for split in range(self.cfg.worker_num_splits):
+                self.conn.send_bytes(bytes([split]))
+            last_reply = time.monotonic()
+            while True:
+                if not self.conn.poll(0.5):
+                    self._check_stop()
+                    if time.monotonic() - last_reply > ACTION_TIMEOUT_S:
+                        raise TimeoutError(f"no actions from the inference worker for {ACTION_TIMEOUT_S:.0f} s")
+                    continue
+                while self.conn.poll():
+                    split = self.conn.recv_bytes()[0]
+                    self._step_split(split)
+                    self.conn.send_bytes(bytes([split]))
+                now = last_reply = time.monotonic()
+                self._report_stats(now)
+                if self.stop_event.is_set():
+                    return
+        except _Stop:
+            return
+        finally:
+            for env in self.envs:
+                env.close()
+
+
+def rollout_worker_main(*args: Any) -> None:
+    """Process entry point (see :class:`RolloutWorker` for the arguments)."""
+    torch.set_num_threads(1)
+    RolloutWorker(*args).run()

@@ -1,0 +1,86 @@
+"""The trajectory buffer: shared-memory tensors that rollout workers write trajectories into.
+
+Layout: ``S`` slots, each one trajectory of ``T = rollout`` steps. Rollout worker ``w`` owns
+slots ``[w * slots_per_worker, (w + 1) * slots_per_worker)``; each of its envs writes into one
+slot at a time, and the spare slots hold finished trajectories until the learner has
+copied them out. Observations have ``T + 1`` rows per slot: the last row is the
+observation after the last step (the bootstrap), and is also row 0 of the env's next slot.
+
+The rollout worker writes ``obs``, ``rewards``, ``dones`` and ``time_outs``; the inference
+worker reads ``obs`` and writes ``actions``, ``log_probs`` and ``policy_versions`` at the
+same positions, which it finds in ``cursors`` (per env: slot and step). Only indices
+travel through pipes and queues; no trajectory is pickled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from msf.cfg.config import Config, Derived
+from msf.envs.registry import EnvSpaces
+
+
+def _shared(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    return torch.zeros(shape, dtype=dtype).share_memory_()
+
+
+@dataclass
+class TrajectoryBuffer:
+    """Shared tensors of one device group (see module docstring for the layout).
+
+    Attributes:
+        obs: ``[S, T + 1, *obs_shape]`` float32.
+        actions: ``[S, T]`` int64 (discrete) or ``[S, T, A]`` float32.
+        log_probs: ``[S, T]`` float32, behaviour-policy log-probability of the action.
+        rewards: ``[S, T]`` float32, raw env rewards.
+        dones: ``[S, T]`` uint8, 1 when the episode ended (terminated or truncated) at that step.
+        time_outs: ``[S, T]`` uint8, 1 when it was truncated and not terminated.
+        policy_versions: ``[S, T]`` int64, version of the weights that chose the action.
+        cursors: ``[W, E, 2]`` int64, per rollout worker and env: (slot, step) being written.
+    """
+
+    obs: torch.Tensor
+    actions: torch.Tensor
+    log_probs: torch.Tensor
+    rewards: torch.Tensor
+    dones: torch.Tensor
+    time_outs: torch.Tensor
+    policy_versions: torch.Tensor
+    cursors: torch.Tensor
+
+    @classmethod
+    def allocate(cls, cfg: Config, derived: Derived, spaces: EnvSpaces) -> "TrajectoryBuffer":
+        S = cfg.num_workers * derived.slots_per_worker
+        T = cfg.rollout
+        act_dtype = torch.int64 if spaces.discrete else torch.float32
+        return cls(
+            obs=_shared((S, T + 1, *spaces.obs_shape), torch.float32),
+            actions=_shared((S, T, *spaces.action_shape), act_dtype),
+            log_probs=_shared((S, T), torch.float32),
+            rewards=_shared((S, T), torch.float32),
+            dones=_shared((S, T), torch.uint8),
+            time_outs=_shared((S, T), torch.uint8),
+            policy_versions=_shared((S, T), torch.int64),
+            cursors=_shared((cfg.num_workers, cfg.num_envs_per_worker, 2), torch.int64),
+        )
+
+    @property
+    def rollout(self) -> int:
+        return self.rewards.shape[1]
+
+    def numpy_views(self) -> dict[str, np.ndarray]:
+        """Numpy arrays over the same shared memory (cheaper than torch for small indexed writes)."""
+        return {k: getattr(self, k).numpy() for k in self.__dataclass_fields__}
+
+    def gather(self, slots: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Copy the trajectories in ``slots`` (``[B]`` int64) out of the buffer.
+
+        Returns:
+            a dict of ``[B, ...]`` tensors (``obs`` ``[B, T + 1, ...]``, the rest ``[B, T, ...]``),
+            after which the slots may be reused.
+        """
+        names = ("obs", "actions", "log_probs", "rewards", "dones", "time_outs", "policy_versions")
+        return {k: getattr(self, k).index_select(0, slots) for k in names}

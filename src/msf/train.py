@@ -1,0 +1,48 @@
+"""``msf-train``: asynchronous PPO (APPO) on one device group.
+
+Usage: ``msf-train --env=CartPole-v1 --experiment=NAME [--train_dir=DIR] [flags]``
+(also ``python -m msf.train``). Flags keep Sample Factory 2's names, meanings and defaults.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from msf.cfg.arguments import parse_args
+from msf.cfg.validation import ConfigError, validate
+
+DESCRIPTION = """Asynchronous PPO (APPO): rollout workers step environments, inference workers batch
+their observations and run the policy, the learner trains on the trajectories they write into
+shared memory. Flags keep Sample Factory 2's names, meanings and defaults. --batch_size is the
+minibatch of one learner. Results go to TRAIN_DIR/EXPERIMENT: config.json, checkpoint_p0/,
+tensorboard/, log.txt and, at the end, summary.json. Ctrl-C or SIGTERM stops cleanly with a
+final checkpoint; a second Ctrl-C exits at once. Exit codes: 0 done or stopped, 1 failed,
+2 invalid flags."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse, validate (before any process is spawned), train; return the exit code."""
+    cfg, _given = parse_args(argv, description=DESCRIPTION)
+    try:
+        validate(cfg)
+        from msf.envs.registry import env_spaces
+
+        spaces = env_spaces(cfg.env)
+    except ConfigError as e:
+        print(f"msf-train: error: {e}", file=sys.stderr)
+        return 2
+    from msf.runner.device_group import run_device_group
+
+    summary = run_device_group(cfg, spaces)
+    exp_dir = os.path.join(cfg.train_dir, cfg.experiment)
+    rm = summary["episode_return_mean"]
+    print(f"Results in {os.path.abspath(exp_dir)}")
+    print(f"status {summary['status']} | env frames {summary['env_frames']} | {summary['fps']:.0f} FPS | "
+          f"final episode_return_mean {'n/a' if rm is None else f'{rm:.1f}'} "
+          f"(last {cfg.stats_avg} episodes)")
+    return 1 if summary["status"] == "failed" else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
