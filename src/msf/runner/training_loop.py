@@ -121,11 +121,13 @@ class TrainingLoop:
                 return
 
     def _copy_out(self) -> None:
-        """Copy pending trajectories out of the buffer, return their slots, drop the too-old ones."""
-        if not self.pending:
+        """Copy the trajectories the next batch needs out of the buffer, return their slots, drop
+        the too-old ones. The rest stay in the buffer, holding their slots: that is the back-pressure
+        that keeps rollout workers from running ahead of the learner."""
+        need = self.derived.trajectories_per_iteration - self.ready_count
+        if not self.pending or need <= 0:
             return
-        items = list(self.pending)
-        self.pending.clear()
+        items = [self.pending.popleft() for _ in range(min(need, len(self.pending)))]
         slots = torch.tensor([s for _, s in items], dtype=torch.int64)
         batch = self.buffer.gather(slots)
         by_worker: dict[int, list[int]] = collections.defaultdict(list)
