@@ -1,0 +1,81 @@
+"""Time and env steps for msf-train to reach a mean return on CartPole-v1, over several seeds.
+
+Runs ``msf-train`` as a user would (a subprocess, start-up included) with summaries every
+second, then reads the TensorBoard curve ``episode/return_mean`` (mean of the last 100
+episodes) and reports, per seed, the first env step and the wall time since the command's
+start at which it reached the threshold.
+
+Usage: python benchmarks/solve_cartpole.py [--seeds 0 1 2] [--threshold 475] [--cap 120] [-- extra msf-train flags]
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+# settings the README recommends for small, fast environments such as CartPole
+SMALL_ENV_FLAGS = ["--num_workers=2", "--num_envs_per_worker=16", "--worker_num_splits=2", "--batch_size=512",
+                   "--rollout=32", "--learning_rate=3e-4", "--reward_scale=0.1", "--exploration_loss_coeff=0.003"]
+
+
+def first_crossing(tb_dir: str, threshold: float) -> tuple[int | None, float | None, float | None]:
+    """(env step, wall time of the event, best value) of the first ``episode/return_mean`` >= threshold."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(tb_dir, size_guidance={"scalars": 0})
+    acc.Reload()
+    if "episode/return_mean" not in acc.Tags()["scalars"]:
+        return None, None, None
+    events = acc.Scalars("episode/return_mean")
+    best = max(e.value for e in events)
+    for e in events:
+        if e.value >= threshold:
+            return e.step, e.wall_time, best
+    return None, None, best
+
+
+def run_seed(seed: int, threshold: float, cap: float, flags: list[str], train_dir: str) -> dict:
+    exe = os.path.join(os.path.dirname(sys.executable), "msf-train")
+    cmd = [exe, "--env=CartPole-v1", f"--experiment=solve_s{seed}", f"--train_dir={train_dir}",
+           "--restart_behavior=overwrite", f"--seed={seed}", "--device=cpu", f"--train_for_seconds={int(cap)}",
+           "--experiment_summaries_interval=1", "--with_progress_bar=False", *flags]
+    t0 = time.time()
+    subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    step, wall, best = first_crossing(os.path.join(train_dir, f"solve_s{seed}", "tensorboard"), threshold)
+    return {"seed": seed, "env_steps": step, "seconds": None if wall is None else wall - t0, "best": best}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--threshold", type=float, default=475.0)
+    ap.add_argument("--cap", type=float, default=120.0, help="seconds per run")
+    ap.add_argument("--defaults", action="store_true", help="msf-train defaults instead of the small-env settings")
+    ap.add_argument("extra", nargs="*", help="more msf-train flags (after --)")
+    a = ap.parse_args()
+    flags = ([] if a.defaults else SMALL_ENV_FLAGS) + a.extra
+    print("flags:", " ".join(flags))
+    rows = []
+    with tempfile.TemporaryDirectory() as td:
+        for s in a.seeds:
+            r = run_seed(s, a.threshold, a.cap, flags, td)
+            rows.append(r)
+            fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
+            print(f"seed {s}: reached {a.threshold:g} at env step {fmt(r['env_steps'], 'd')}, "
+                  f"{fmt(r['seconds'], '.1f')} s from launch (best {fmt(r['best'], '.1f')})", flush=True)
+    solved = [r for r in rows if r["env_steps"] is not None]
+    if len(solved) == len(rows):
+        print(f"median: {statistics.median(r['seconds'] for r in rows):.1f} s, "
+              f"{statistics.median(r['env_steps'] for r in rows):.0f} env steps")
+    else:
+        print(f"{len(rows) - len(solved)} of {len(rows)} seeds did not reach {a.threshold:g}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""Learner.train on hand-built batches: step counting, callbacks, parameter updates, normaliser and first-step losses."""
+
+import copy
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from msf.cfg.config import Config, Derived
+from msf.envs.registry import EnvSpaces
+from msf.learning.advantages import gae
+from msf.learning.learner import Learner
+from msf.learning.normalizers import RunningMeanStd
+
+SPACES = EnvSpaces(obs_shape=(3,), obs_dtype=np.float32, discrete=True, num_actions=2)
+
+
+def _learner(**kw) -> Learner:
+    torch.manual_seed(0)
+    cfg = Config(**{**dict(encoder_mlp_layers=[16], batch_size=8, rollout=4, num_workers=1, num_envs_per_worker=2), **kw})
+    return Learner(cfg, Derived.of(cfg), SPACES, "cpu")
+
+
+def _batch(learner: Learner, seed: int = 0) -> dict[str, torch.Tensor]:
+    B, T = learner.derived.trajectories_per_iteration, learner.cfg.rollout
+    g = torch.Generator().manual_seed(seed)
+    dones = torch.zeros(B, T, dtype=torch.uint8)
+    dones[0, 1] = dones[-1, T - 1] = 1
+    time_outs = torch.zeros(B, T, dtype=torch.uint8)
+    time_outs[-1, T - 1] = 1
+    return {
+        "obs": torch.randn(B, T + 1, 3, generator=g) * 2.0 + 1.0,
+        "actions": torch.randint(0, 2, (B, T), generator=g),
+        "log_probs": torch.full((B, T), math.log(0.5)),
+        "rewards": torch.randn(B, T, generator=g),
+        "dones": dones,
+        "time_outs": time_outs,
+        "policy_versions": torch.zeros(B, T, dtype=torch.int64),
+    }
+
+
+def _params(learner):
+    return [p.detach().clone() for p in learner.model.parameters()]
+
+
+def test_train_counts_steps_and_calls_back():
+    learner = _learner(num_epochs=2, num_batches_per_epoch=2)
+    batch = _batch(learner)
+    B, T = batch["rewards"].shape
+    assert B == learner.derived.trajectories_per_iteration == 4
+    calls = []
+    before = _params(learner)
+    stats = learner.train(batch, on_sgd_step=lambda model, version: calls.append((model, version)))
+    n = 2 * 2
+    assert learner.train_step == learner.policy_version == n
+    assert [v for _, v in calls] == list(range(1, n + 1))
+    assert all(m is learner.model for m, _ in calls)
+    assert set(stats) >= {"policy_loss", "value_loss", "entropy", "kl", "loss", "grad_norm", "lr"}
+    assert all(math.isfinite(v) for v in stats.values())
+    assert stats["lr"] == learner.cfg.learning_rate
+    assert learner.model.obs_normalizer.count.item() == B * T
+    changes = [(a - p).abs().max().item() for a, p in zip(_params(learner), before)]
+    assert all(c > 0 for c in changes) and max(c for c in changes) > 1e-5
+
+
+def test_tiny_learning_rate_changes_little():
+    learner = _learner(learning_rate=1e-10)
+    before = _params(learner)
+    learner.train(_batch(learner))
+    changes = [(a - p).abs().max().item() for a, p in zip(_params(learner), before)]
+    assert max(changes) < 1e-8
+
+
+def _own_outputs(learner, batch):
+    """The model's log-probs and denormalised values as Learner._prepare sees them (after the obs update)."""
+    model = copy.deepcopy(learner.model)
+    B, T = batch["rewards"].shape
+    model.obs_normalizer.update(batch["obs"][:, :T])
+    with torch.no_grad():
+        out = model(batch["obs"][:, :T].reshape(B * T, 3))
+        log_probs = model.log_prob(out.dist, batch["actions"].reshape(-1)).view(B, T)
+        values = model(batch["obs"].reshape(B * (T + 1), 3)).values.view(B, T + 1)
+    return log_probs, model.denormalize_values(values)
+
+
+def _normalised_advantages(learner, batch, values):
+    cfg = learner.cfg
+    adv, targets = gae(batch["rewards"], values, batch["dones"].float(), cfg.gamma, cfg.gae_lambda)
+    adv = adv.reshape(-1).double()
+    return (adv - adv.mean()) / (adv.std() + 1e-8), targets
+
+
+def test_first_step_policy_loss_at_ratio_one():
+    learner = _learner()  # one epoch, one minibatch: the stats are those of the first step
+    batch = _batch(learner)
+    log_probs, values = _own_outputs(learner, batch)
+    batch["log_probs"] = log_probs
+    adv_n, _ = _normalised_advantages(learner, batch, values)
+    stats = learner.train(batch)
+    assert stats["policy_loss"] == pytest.approx(-adv_n.mean().item(), abs=1e-5)
+    assert stats["kl"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_first_step_losses_off_policy():
+    # behaviour log-probs shifted so that ratios fall inside and outside [1/1.1, 1.1]: the loss depends on each advantage
+    learner = _learner()
+    batch = _batch(learner)
+    log_probs, values = _own_outputs(learner, batch)
+    shift = torch.linspace(-0.3, 0.3, log_probs.numel()).view_as(log_probs)
+    batch["log_probs"] = log_probs - shift
+    adv_n, targets = _normalised_advantages(learner, batch, values)
+    ratio = shift.reshape(-1).double().exp()
+    eps = learner.cfg.ppo_clip_ratio
+    expected = -torch.min(ratio * adv_n, ratio.clamp(1 / (1 + eps), 1 + eps) * adv_n).mean().item()
+    rets = RunningMeanStd((), clip=None)
+    rets.load_state_dict(learner.model.returns_normalizer.state_dict())
+    rets.update(targets)
+    with torch.no_grad():
+        v_head = learner.model.normalize_values(values[:, :-1])  # value-head units before any update
+    expected_v = (v_head.reshape(-1).double() - rets.normalize(targets.reshape(-1).double())).square().mean().item()
+    kl = (ratio - 1 - shift.reshape(-1).double()).mean().item()
+    stats = learner.train(batch)
+    assert stats["policy_loss"] == pytest.approx(expected, abs=1e-5)
+    assert stats["value_loss"] == pytest.approx(expected_v, abs=1e-4)
+    assert stats["kl"] == pytest.approx(kl, abs=1e-6)
