@@ -19,9 +19,8 @@ import sys
 import tempfile
 import time
 
-# settings the README recommends for small, fast environments such as CartPole
-SMALL_ENV_FLAGS = ["--num_workers=2", "--num_envs_per_worker=16", "--worker_num_splits=2", "--batch_size=512",
-                   "--rollout=32", "--learning_rate=3e-4", "--reward_scale=0.1", "--exploration_loss_coeff=0.003"]
+from msf.cfg.presets import SMALL_ENV_FLAGS
+
 
 
 def first_crossing(tb_dir: str, threshold: float) -> tuple[int | None, float | None, float | None]:

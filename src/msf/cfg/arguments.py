@@ -30,9 +30,16 @@ def _int_or_float_int(v: str) -> int:
         return int(f)
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (``prog: error: ...``), exit code 2."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def build_parser(prog: str = "msf-train", description: str | None = None) -> argparse.ArgumentParser:
     """An ``argparse`` parser with one option per :class:`Config` field, grouped by stage."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog=prog,
         description=description,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,

@@ -31,6 +31,9 @@ def _child_main(target: Callable[..., None], name: str, failures: Any, log_level
         tb = traceback.format_exc()
         try:
             failures.put(ComponentFailure(name, os.getpid(), tb))
+            # put() hands the message to a feeder thread: flush it before _exit kills that thread
+            failures.close()
+            failures.join_thread()
         finally:
             os._exit(1)
 

@@ -89,12 +89,23 @@ class TrainingLoop:
 
     # --- collecting -------------------------------------------------------------------------
     def _poll_children(self) -> None:
+        """Raise if a child reported a failure or died. A failure brings others down with it (a
+        rollout worker's death closes its pipe, which ends its inference worker): the first
+        report that arrives within a second names the root cause."""
         try:
+            dead = None
             f: ComponentFailure = self.ch.failures.get_nowait()
-            raise ComponentFailed(f"{f.component} (pid {f.pid}) failed:\n{f.traceback}")
         except queue.Empty:
-            pass
-        check_children(self.ch.procs)
+            try:
+                check_children(self.ch.procs)
+                return
+            except ChildDied as e:
+                dead = e
+            try:
+                f = self.ch.failures.get(timeout=1.0)
+            except queue.Empty:
+                raise dead from None
+        raise ComponentFailed(f"{f.component} (pid {f.pid}) failed:\n{f.traceback}")
 
     def _drain_stats(self) -> None:
         while True:

@@ -1,0 +1,170 @@
+"""Throughput of msf on one machine, three stages measured in one run, with their ratios.
+
+(a) raw env: ``--env`` stepped with random actions in ``--procs`` processes (default: one per core);
+(b) sampler: msf's real rollout and inference workers with the real policy and no learning
+    (a stand-in learner hands every finished trajectory's slot straight back);
+(c) training: ``msf-train`` with the same flags, steady-state FPS = median of its 10-s FPS
+    after ``--warmup`` seconds (as ``../shared/peers/bench_sf.py`` measures Sample Factory 2);
+(d) optionally Sample Factory 2 with the same arguments, when ``--sf2_python`` names a python
+    with sample-factory installed (``bash ../shared/peers/setup.sh`` makes one).
+
+The default flags are the Sample Factory CartPole command line of ``../shared/peers/run_sf.sh``.
+Usage: python benchmarks/throughput.py [--seconds 60] [--sf2_python /tmp/anchors-venv/bin/python]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+SF_CARTPOLE = ["--env=CartPole-v1", "--num_workers=2", "--num_envs_per_worker=20", "--policy_workers_per_policy=2",
+               "--recurrence=1", "--with_vtrace=False", "--batch_size=512", "--reward_scale=0.1", "--device=cpu"]
+
+
+def _raw_env_proc(env_name: str, seconds: float, out: "mp.Queue") -> None:
+    import gymnasium as gym
+
+    env = gym.make(env_name, disable_env_checker=True)
+    env.reset(seed=os.getpid())
+    space = env.action_space
+    actions = [space.sample() for _ in range(1024)]
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for a in actions:
+            _, _, term, trunc, _ = env.step(a)
+            if term or trunc:
+                env.reset()
+        n += len(actions)
+    out.put(n / (time.perf_counter() - t0))
+
+
+def raw_env_fps(env_name: str, procs: int, seconds: float) -> float:
+    """(a): summed steps/s of ``procs`` processes stepping with random actions."""
+    q: mp.Queue = mp.get_context("spawn").Queue()
+    ps = [mp.get_context("spawn").Process(target=_raw_env_proc, args=(env_name, seconds, q)) for _ in range(procs)]
+    for p in ps:
+        p.start()
+    rates = [q.get(timeout=seconds + 60) for _ in ps]
+    for p in ps:
+        p.join()
+    return sum(rates)
+
+
+def sampler_fps(flags: list[str], seconds: float, warmup: float) -> float:
+    """(b): env steps/s of the real rollout and inference workers, trajectories discarded unread."""
+    import queue as queue_mod
+
+    from msf.cfg.arguments import parse_args
+    from msf.cfg.config import Derived
+    from msf.envs.registry import env_spaces
+    from msf.learning.published_weights import PublishedWeights
+    from msf.model.actor_critic import ActorCritic
+    from msf.runner.device_group import _start_workers
+    from msf.runner.supervision import CTX, stop_children
+    from msf.sampling.trajectory_buffer import TrajectoryBuffer
+
+    cfg, _ = parse_args(flags)
+    derived, spaces = Derived.of(cfg), env_spaces(cfg.env)
+    model = ActorCritic(cfg, spaces)
+    weights = PublishedWeights(model)
+    weights.publish(model, 0)
+    buffer = TrajectoryBuffer.allocate(cfg, derived, spaces)
+    stop = CTX.Event()
+    ch = _start_workers(cfg, derived, spaces, buffer, weights, "cpu", stop)
+    steps, t_start, t_end = 0, None, time.monotonic() + warmup + seconds + 60
+    try:
+        while time.monotonic() < t_end:
+            try:
+                msg = ch.full_queue.get(timeout=1.0)
+            except queue_mod.Empty:
+                continue
+            ch.free_queues[msg.worker].put(msg.slots)
+            if t_start is None and time.monotonic() > t_end - 60 - seconds:
+                t_start, steps = time.monotonic(), 0
+            elif t_start is not None:
+                steps += len(msg.slots) * cfg.rollout
+                if time.monotonic() - t_start >= seconds:
+                    break
+    finally:
+        stop.set()
+        stop_children(ch.procs)
+    return steps / (time.monotonic() - t_start)
+
+
+def msf_train_fps(flags: list[str], seconds: float, warmup: float) -> tuple[float, int]:
+    """(c): steady-state training FPS (median of the 10-s FPS summaries after ``warmup``), env frames."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    exe = os.path.join(os.path.dirname(sys.executable), "msf-train")
+    with tempfile.TemporaryDirectory() as td:
+        t0 = time.time()
+        subprocess.run([exe, *flags, "--experiment=tput", f"--train_dir={td}", f"--train_for_seconds={int(seconds)}",
+                        "--experiment_summaries_interval=5", "--with_progress_bar=False", "--restart_behavior=overwrite"],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+        acc = EventAccumulator(os.path.join(td, "tput", "tensorboard"), size_guidance={"scalars": 0})
+        acc.Reload()
+        fps = [e for e in acc.Scalars("perf/fps") if e.wall_time - t0 >= warmup]
+        return statistics.median(e.value for e in fps), int(acc.Scalars("perf/fps")[-1].step)
+
+
+def sf2_train_fps(python: str, flags: list[str], seconds: float, warmup: float) -> float | None:
+    """(d): Sample Factory 2's steady-state FPS, parsed from its 'Fps is (10 sec: X' lines."""
+    rx = re.compile(r"Fps is \(10 sec: ([\d.]+)")
+    with tempfile.TemporaryDirectory() as td:
+        cmd = [python, "-m", "sf_examples.train_gym_env", *flags, "--algo=APPO", "--use_rnn=False",
+               "--experiment=tput_sf2", f"--train_dir={td}", "--restart_behavior=overwrite", "--with_wandb=False"]
+        t0 = time.time()
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=td)
+        values = []
+        try:
+            for line in p.stdout:
+                m = rx.search(line)
+                if m and time.time() - t0 >= warmup:
+                    values.append(float(m.group(1)))
+                if time.time() - t0 >= seconds:
+                    break
+        finally:
+            p.terminate()
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        return statistics.median(values) if values else None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=60.0, help="length of the training runs (c) and (d)")
+    ap.add_argument("--warmup", type=float, default=20.0)
+    ap.add_argument("--procs", type=int, default=os.cpu_count())
+    ap.add_argument("--sf2_python", default=None)
+    ap.add_argument("flags", nargs="*", help="msf-train flags (after --); default: the SF2 CartPole command line")
+    a = ap.parse_args()
+    flags = a.flags or SF_CARTPOLE
+    env = next(f.split("=", 1)[1] for f in flags if f.startswith("--env="))
+    print("flags:", " ".join(flags), flush=True)
+    raw = raw_env_fps(env, a.procs, 10.0)
+    print(f"(a) raw env, {a.procs} processes: {raw:,.0f} steps/s", flush=True)
+    smp = sampler_fps(flags, 20.0, 10.0)
+    print(f"(b) msf sampler, no learning: {smp:,.0f} steps/s", flush=True)
+    trn, frames = msf_train_fps(flags, a.seconds, a.warmup)
+    print(f"(c) msf training: {trn:,.0f} FPS (steady state; {frames:,} frames in {a.seconds:.0f} s)", flush=True)
+    sf2 = sf2_train_fps(a.sf2_python, flags, a.seconds + 30, a.warmup + 10) if a.sf2_python else None
+    print("\n| stage | FPS | ratio to (a) |\n|---|---|---|")
+    print(f"| (a) raw env, random actions, {a.procs} processes | {raw:,.0f} | 1.00 |")
+    print(f"| (b) msf sampler (policy, no learning) | {smp:,.0f} | {smp / raw:.3f} |")
+    print(f"| (c) msf training | {trn:,.0f} | {trn / raw:.3f} |")
+    if sf2 is not None:
+        print(f"| (d) Sample Factory 2.1.1 training, same flags | {sf2:,.0f} | {sf2 / raw:.3f} |")
+        print(f"\nmsf training / Sample Factory 2 training: {trn / sf2:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

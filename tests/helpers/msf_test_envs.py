@@ -1,0 +1,30 @@
+"""Environments for the integration tests, registered with gymnasium at import.
+
+Use them as ``--env=msf_test_envs:MsfFailingCartPole-v0`` with ``tests/helpers`` on PYTHONPATH:
+the module is imported in every process, spawned rollout workers included.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import gymnasium as gym
+from gymnasium.envs.classic_control.cartpole import CartPoleEnv
+
+
+class FailingCartPole(CartPoleEnv):
+    """CartPole that raises ``RuntimeError`` once ``MSF_TEST_FAIL_AFTER_S`` seconds (default 4) have
+    passed since its creation."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.fail_at = time.monotonic() + float(os.environ.get("MSF_TEST_FAIL_AFTER_S", "4"))
+
+    def step(self, action):
+        if time.monotonic() > self.fail_at:
+            raise RuntimeError("deliberate failure inside the environment (msf test)")
+        return super().step(action)
+
+
+gym.register("MsfFailingCartPole-v0", entry_point=FailingCartPole, max_episode_steps=500)

@@ -1,0 +1,43 @@
+"""Helpers for tests that run ``msf-train`` as a user would: a subprocess with a hard timeout."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from msf.cfg.presets import SMALL_ENV_FLAGS  # noqa: F401 - used by the tests
+
+HELPERS = str(Path(__file__).resolve().parents[1] / "helpers")
+
+
+def msf_env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = HELPERS + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def run_msf(args: list[str], timeout: float, **kw) -> subprocess.CompletedProcess:
+    """Run ``python -m msf.train ARGS``; a hang fails the test after ``timeout`` seconds."""
+    return subprocess.run([sys.executable, "-m", "msf.train", "--device=cpu", "--with_progress_bar=False", *args],
+                          capture_output=True, text=True, timeout=timeout, env=msf_env(), **kw)
+
+
+def popen_msf(args: list[str], **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "msf.train", "--device=cpu", "--with_progress_bar=False", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=msf_env(), **kw)
+
+
+def read_summary(train_dir: Path, experiment: str) -> dict:
+    return json.loads((train_dir / experiment / "summary.json").read_text())
+
+
+
+
+@pytest.fixture
+def train_dir(tmp_path: Path) -> Path:
+    return tmp_path / "train_dir"

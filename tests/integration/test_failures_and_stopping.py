@@ -1,0 +1,79 @@
+"""Bad input, a failing environment, and Ctrl-C / SIGTERM: clear errors, no hang, nothing lost."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+import torch
+
+from .conftest import popen_msf, read_summary, run_msf
+
+
+@pytest.mark.parametrize("flag, expected", [
+    ("--env=NoSuchEnv-v0", "--env: unknown environment 'NoSuchEnv-v0'"),
+    ("--batch_size=100", "--batch_size: must be a multiple of rollout=32"),
+    ("--num_workers=-1", "--num_workers: must be a positive integer, got -1"),
+    ("--recurrence=64", "--recurrence: must not be longer than rollout=32"),
+    ("--recurrence=5", "--recurrence: must divide rollout=32"),
+    ("--worker_num_splits=3", "--worker_num_splits: must divide num_envs_per_worker=2"),
+    ("--lr_schedule=cosine", "argument --lr_schedule: invalid choice: 'cosine'"),
+    ("--gamma=1.5", "--gamma: must be in [0, 1], got 1.5"),
+    ("--num_policies=2", "--num_policies: only 1 policy is supported so far"),
+    ("--train_dir=/proc/msf_not_writable", "--train_dir: '/proc/msf_not_writable' is not a writable folder"),
+])
+def test_bad_input_one_line_exit_2(tmp_path, flag, expected):
+    args = ["--experiment=bad", "--num_workers=1", f"--train_dir={tmp_path}", flag]
+    # later flags win, so the flag under test overrides the defaults given before it
+    t0 = time.monotonic()
+    r = run_msf(args, timeout=60)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], r.stderr
+    assert lines[0].startswith("msf-train: error: ")
+    assert not (tmp_path / "bad").exists()  # nothing was started
+    assert time.monotonic() - t0 < 30
+
+
+def test_env_failure_ends_run_and_keeps_checkpoint(train_dir):
+    exp = train_dir / "fail"
+    t0 = time.monotonic()
+    r = run_msf(["--env=msf_test_envs:MsfFailingCartPole-v0", "--experiment=fail", f"--train_dir={train_dir}",
+                 "--num_workers=2", "--num_envs_per_worker=4", "--batch_size=256", "--save_every_sec=1",
+                 "--encoder_mlp_layers", "32"], timeout=90)
+    elapsed = time.monotonic() - t0
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert elapsed < 4 + 20  # the env fails after 4 s; start-up and teardown take the rest
+    log = (exp / "log.txt").read_text()
+    assert "RuntimeError: deliberate failure inside the environment" in log
+    assert "rollout_worker_" in log  # the failing component is named
+    assert read_summary(train_dir, "fail")["status"] == "failed"
+    ckpts = sorted((exp / "checkpoint_p0").glob("checkpoint_*.pth"))
+    assert ckpts, "the checkpoints written before the failure must survive"
+    state = torch.load(ckpts[-1], weights_only=True)
+    assert state["env_steps"] > 0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_stops_cleanly_with_final_checkpoint(train_dir, sig):
+    p = popen_msf(["--env=CartPole-v1", "--experiment=sig", f"--train_dir={train_dir}", "--num_workers=2",
+                   "--num_envs_per_worker=4", "--batch_size=256", "--save_every_sec=1000",
+                   "--encoder_mlp_layers", "32"])
+    try:
+        deadline = time.monotonic() + 60
+        log = train_dir / "sig" / "log.txt"
+        while time.monotonic() < deadline and not (log.exists() and "frames" in log.read_text()):
+            time.sleep(0.5)
+        assert p.poll() is None, "the run ended before the signal"
+        p.send_signal(sig)
+        out, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, err[-3000:]
+    s = read_summary(train_dir, "sig")
+    assert s["status"] == "stopped"
+    ckpts = sorted((train_dir / "sig" / "checkpoint_p0").glob("checkpoint_*.pth"))
+    assert len(ckpts) == 1  # save_every_sec=1000: this is the final one
+    assert torch.load(ckpts[-1], weights_only=True)["env_steps"] == s["env_steps"]
