@@ -18,6 +18,7 @@ import argparse
 import multiprocessing as mp
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -121,7 +122,9 @@ def sf2_train_fps(python: str, flags: list[str], seconds: float, warmup: float) 
         cmd = [python, "-m", "sf_examples.train_gym_env", *flags, "--algo=APPO", "--use_rnn=False",
                "--experiment=tput_sf2", f"--train_dir={td}", "--restart_behavior=overwrite", "--with_wandb=False"]
         t0 = time.time()
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=td)
+        # its own session, so that the whole process group (SF2 spawns workers) can be stopped
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=td,
+                             start_new_session=True)
         values = []
         try:
             for line in p.stdout:
@@ -131,11 +134,15 @@ def sf2_train_fps(python: str, flags: list[str], seconds: float, warmup: float) 
                 if time.time() - t0 >= seconds:
                     break
         finally:
-            p.terminate()
+            os.killpg(p.pid, signal.SIGTERM)
             try:
                 p.wait(timeout=20)
             except subprocess.TimeoutExpired:
-                p.kill()
+                pass
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         return statistics.median(values) if values else None
 
 

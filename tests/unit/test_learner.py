@@ -33,6 +33,7 @@ def _batch(learner: Learner, seed: int = 0) -> dict[str, torch.Tensor]:
         "obs": torch.randn(B, T + 1, 3, generator=g) * 2.0 + 1.0,
         "actions": torch.randint(0, 2, (B, T), generator=g),
         "log_probs": torch.full((B, T), math.log(0.5)),
+        "values": 0.1 * torch.randn(B, T, generator=g),
         "rewards": torch.randn(B, T, generator=g),
         "dones": dones,
         "time_outs": time_outs,
@@ -73,7 +74,8 @@ def test_tiny_learning_rate_changes_little():
 
 
 def _own_outputs(learner, batch):
-    """The model's log-probs and denormalised values as Learner._prepare sees them (after the obs update)."""
+    """The model's log-probs, and its values (value-head units and denormalised) as Learner._prepare sees
+    them (after the obs update). Tests put the value-head values in the batch as the behaviour values."""
     model = copy.deepcopy(learner.model)
     B, T = batch["rewards"].shape
     model.obs_normalizer.update(batch["obs"][:, :T])
@@ -81,6 +83,7 @@ def _own_outputs(learner, batch):
         out = model(batch["obs"][:, :T].reshape(B * T, 3))
         log_probs = model.log_prob(out.dist, batch["actions"].reshape(-1)).view(B, T)
         values = model(batch["obs"].reshape(B * (T + 1), 3)).values.view(B, T + 1)
+    batch["values"] = values[:, :T].clone()
     return log_probs, model.denormalize_values(values)
 
 

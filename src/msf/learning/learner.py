@@ -59,6 +59,9 @@ class Learner:
     def _prepare(self, batch: Batch) -> Batch:
         """Move to the device, scale and clip rewards, update the normalisers, compute GAE targets."""
         cfg = self.cfg
+        if self.device.type == "cuda":
+            # pinned pages let the host-to-device copy run asynchronously
+            batch = {k: v.pin_memory() for k, v in batch.items()}
         b = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
         B, T = b["rewards"].shape
         b["rewards"] = (b["rewards"] * cfg.reward_scale).clamp(-cfg.reward_clip, cfg.reward_clip)
@@ -68,10 +71,13 @@ class Learner:
         if model.obs_normalizer is not None:
             # statistics from the observations acted on (not the bootstrap rows, seen again next time)
             model.obs_normalizer.update(b["obs"][:, :T])
+        # The behaviour policy's values (recorded by the inference workers) serve for GAE and as the
+        # old values of the clipped value loss, as in Sample Factory; only the bootstrap row is
+        # evaluated here. That saves a forward pass over the whole batch.
         with torch.no_grad():
-            values = model(b["obs"].reshape(B * (T + 1), *b["obs"].shape[2:])).values.view(B, T + 1)
-        b["old_values"] = values[:, :T]  # value-head units, for the clipped value loss
-        values = model.denormalize_values(values)
+            last = model(b["obs"][:, T]).values
+        b["old_values"] = b["values"]  # value-head units
+        values = model.denormalize_values(torch.cat([b["values"], last[:, None]], 1))
         if cfg.value_bootstrap:
             b["rewards"] = apply_value_bootstrap(b["rewards"], values, b["time_outs"], cfg.gamma)
         if not cfg.with_vtrace:
@@ -115,8 +121,8 @@ class Learner:
 
         Args:
             batch: ``obs`` ``[B, T + 1, *obs_shape]``; ``actions`` ``[B, T(, A)]``; ``log_probs``,
-                ``rewards``, ``dones``, ``time_outs`` ``[B, T]`` (behaviour log-probs, raw rewards,
-                episode ends, time-outs), with ``B`` a multiple of ``num_batches_per_epoch``.
+                ``values``, ``rewards``, ``dones``, ``time_outs`` ``[B, T]`` (behaviour log-probs and
+                values in value-head units, raw rewards, episode ends, time-outs), with ``B`` a multiple of ``num_batches_per_epoch``.
             on_sgd_step: called after each SGD step with the model and the new policy version.
 
         Returns:

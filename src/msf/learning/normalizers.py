@@ -32,6 +32,9 @@ class RunningMeanStd(nn.Module):
         self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
         self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
         self.register_buffer("count", torch.zeros((), dtype=torch.float64))
+        # float32 copies for the hot path (inference on float32 observations), refreshed by update()
+        self.register_buffer("mean_f32", torch.zeros(shape, dtype=torch.float32))
+        self.register_buffer("std_f32", torch.full(shape, (1.0 + eps) ** 0.5, dtype=torch.float32))
 
     @torch.no_grad()
     def update(self, x: torch.Tensor) -> None:
@@ -48,16 +51,21 @@ class RunningMeanStd(nn.Module):
         self.mean.add_(d * n_b / n)
         self.var.copy_((self.var * n_a + v_b * n_b + d.square() * n_a * n_b / n) / n)
         self.count.fill_(n)
+        self.mean_f32.copy_(self.mean)
+        self.std_f32.copy_(torch.sqrt(self.var + self.eps))
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
         """``(x - mean) / sqrt(var + eps)``, clipped; same shape and dtype as ``x``."""
-        mean = self.mean.to(x.dtype)
-        std = torch.sqrt(self.var + self.eps).to(x.dtype)
-        y = (x - mean) / std
+        if x.dtype == torch.float32:
+            y = (x - self.mean_f32) / self.std_f32
+        else:
+            y = (x - self.mean.to(x.dtype)) / torch.sqrt(self.var + self.eps).to(x.dtype)
         if self.clip is not None:
             y = y.clamp(-self.clip, self.clip)
         return y
 
     def denormalize(self, y: torch.Tensor) -> torch.Tensor:
         """Inverse of :meth:`normalize` (without the clip)."""
+        if y.dtype == torch.float32:
+            return y * self.std_f32 + self.mean_f32
         return y * torch.sqrt(self.var + self.eps).to(y.dtype) + self.mean.to(y.dtype)

@@ -93,10 +93,29 @@ class ActorCritic(nn.Module):
         values = self.value_head(hc).squeeze(-1)
         out = self.action_head(h)
         if self.log_std is None:
-            dist: torch.distributions.Distribution = Categorical(logits=out)
+            dist: torch.distributions.Distribution = Categorical(logits=out, validate_args=False)
         else:
-            dist = Normal(out, self.log_std.exp().expand_as(out))
+            dist = Normal(out, self.log_std.exp().expand_as(out), validate_args=False)
         return PolicyOutput(dist, values)
+
+    @torch.no_grad()
+    def act(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Sample actions for ``[N, obs_size]`` observations: (actions, log-probs ``[N]``, values ``[N]``).
+
+        The inference workers' hot path: for discrete actions it samples from the softmax
+        directly, without building a ``torch.distributions`` object (a few fewer tensor ops
+        per call, which matters at batch sizes of 10 to 100).
+        """
+        if self.log_std is not None:
+            out = self(obs)
+            actions = out.dist.sample()
+            return actions, self.log_prob(out.dist, actions), out.values
+        x = self.normalize_obs(obs)
+        h = self.actor_encoder(x)
+        hc = h if self.critic_encoder is None else self.critic_encoder(x)
+        log_p = torch.log_softmax(self.action_head(h), dim=-1)
+        actions = torch.multinomial(log_p.exp(), 1)
+        return actions.squeeze(1), log_p.gather(1, actions).squeeze(1), self.value_head(hc).squeeze(-1)
 
     def log_prob(self, dist: torch.distributions.Distribution, actions: torch.Tensor) -> torch.Tensor:
         """``[N]`` log-probabilities (summed over action dimensions for a Gaussian)."""

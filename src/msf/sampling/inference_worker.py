@@ -3,8 +3,9 @@
 Rollout worker ``w`` is served by inference worker ``w % policy_workers_per_policy``. The
 worker waits on the pipes of all its rollout workers at once, takes every request that is
 ready (one byte: the split), gathers those envs' observations from the trajectory buffer
-in one indexing operation, runs one forward pass, writes actions, log-probabilities and
-the policy version back into the buffer, and answers each request with one byte.
+in one indexing operation, runs one forward pass, writes actions, log-probabilities,
+values and the policy version back into the buffer, and answers each rollout worker with one
+message listing the splits it served.
 Before each batch it loads the newest weights the learner has published.
 """
 
@@ -48,6 +49,7 @@ class InferenceWorker:
         self.obs_flat = buffer.obs.view(-1, *spaces.obs_shape)
         self.actions_flat = buffer.actions.view(-1, *spaces.action_shape)
         self.log_probs_flat = buffer.log_probs.view(-1)
+        self.values_flat = buffer.values.view(-1)
         self.versions_flat = buffer.policy_versions.view(-1)
         self.cursors = buffer.cursors.numpy()
         self.model = ActorCritic(cfg, spaces).to(self.device).eval()
@@ -65,11 +67,10 @@ class InferenceWorker:
         obs_idx = torch.from_numpy(slots * (self.T + 1) + ts)
         act_idx = torch.from_numpy(slots * self.T + ts)
         obs = self.obs_flat.index_select(0, obs_idx).to(self.device, non_blocking=True)
-        out = self.model(obs)
-        actions = out.dist.sample()
-        log_probs = self.model.log_prob(out.dist, actions)
+        actions, log_probs, values = self.model.act(obs)
         self.actions_flat[act_idx] = actions.to("cpu")
         self.log_probs_flat[act_idx] = log_probs.to("cpu")
+        self.values_flat[act_idx] = values.to("cpu")
         self.versions_flat[act_idx] = self.version
         self.stats[0] += 1
         self.stats[1] += len(slots)
@@ -93,8 +94,12 @@ class InferenceWorker:
                     raise RuntimeError(f"rollout worker {w} closed its pipe") from None
             self._refresh_weights()
             self._serve(requests)
+            # one message per rollout worker, listing its splits: fewer writes, fewer wake-ups
+            replies: dict[int, list[int]] = {}
             for w, s in requests:
-                self.conns[w].send_bytes(bytes([s]))
+                replies.setdefault(w, []).append(s)
+            for w, splits in replies.items():
+                self.conns[w].send_bytes(bytes(splits))
 
 
 def inference_worker_main(*args: Any) -> None:

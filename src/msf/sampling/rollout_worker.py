@@ -157,9 +157,9 @@ class RolloutWorker:
                         raise TimeoutError(f"no actions from the inference worker for {ACTION_TIMEOUT_S:.0f} s")
                     continue
                 while self.conn.poll():
-                    split = self.conn.recv_bytes()[0]
-                    self._step_split(split)
-                    self.conn.send_bytes(bytes([split]))
+                    for split in self.conn.recv_bytes():
+                        self._step_split(split)
+                        self.conn.send_bytes(bytes([split]))
                 now = last_reply = time.monotonic()
                 self._report_stats(now)
                 if self.stop_event.is_set():

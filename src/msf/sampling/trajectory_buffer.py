@@ -7,7 +7,7 @@ copied them out. Observations have ``T + 1`` rows per slot: the last row is the
 observation after the last step (the bootstrap), and is also row 0 of the env's next slot.
 
 The rollout worker writes ``obs``, ``rewards``, ``dones`` and ``time_outs``; the inference
-worker reads ``obs`` and writes ``actions``, ``log_probs`` and ``policy_versions`` at the
+worker reads ``obs`` and writes ``actions``, ``log_probs``, ``values`` and ``policy_versions`` at the
 same positions, which it finds in ``cursors`` (per env: slot and step). Only indices
 travel through pipes and queues; no trajectory is pickled.
 """
@@ -35,6 +35,7 @@ class TrajectoryBuffer:
         obs: ``[S, T + 1, *obs_shape]`` float32.
         actions: ``[S, T]`` int64 (discrete) or ``[S, T, A]`` float32.
         log_probs: ``[S, T]`` float32, behaviour-policy log-probability of the action.
+        values: ``[S, T]`` float32, behaviour-policy value (value-head units) of the observation.
         rewards: ``[S, T]`` float32, raw env rewards.
         dones: ``[S, T]`` uint8, 1 when the episode ended (terminated or truncated) at that step.
         time_outs: ``[S, T]`` uint8, 1 when it was truncated and not terminated.
@@ -45,6 +46,7 @@ class TrajectoryBuffer:
     obs: torch.Tensor
     actions: torch.Tensor
     log_probs: torch.Tensor
+    values: torch.Tensor
     rewards: torch.Tensor
     dones: torch.Tensor
     time_outs: torch.Tensor
@@ -60,6 +62,7 @@ class TrajectoryBuffer:
             obs=_shared((S, T + 1, *spaces.obs_shape), torch.float32),
             actions=_shared((S, T, *spaces.action_shape), act_dtype),
             log_probs=_shared((S, T), torch.float32),
+            values=_shared((S, T), torch.float32),
             rewards=_shared((S, T), torch.float32),
             dones=_shared((S, T), torch.uint8),
             time_outs=_shared((S, T), torch.uint8),
@@ -82,5 +85,5 @@ class TrajectoryBuffer:
             a dict of ``[B, ...]`` tensors (``obs`` ``[B, T + 1, ...]``, the rest ``[B, T, ...]``),
             after which the slots may be reused.
         """
-        names = ("obs", "actions", "log_probs", "rewards", "dones", "time_outs", "policy_versions")
+        names = ("obs", "actions", "log_probs", "values", "rewards", "dones", "time_outs", "policy_versions")
         return {k: getattr(self, k).index_select(0, slots) for k in names}
