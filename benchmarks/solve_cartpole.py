@@ -1,5 +1,8 @@
 """Time and env steps for msf-train to reach a mean return on CartPole-v1, over several seeds.
 
+Each run trains for ``--steps`` env steps (at most ``--cap`` seconds); the mean return at the
+end is reported too.
+
 Runs ``msf-train`` as a user would (a subprocess, start-up included) with summaries every
 second, then reads the TensorBoard curve ``episode/return_mean`` (mean of the last 100
 episodes) and reports, per seed, the first env step and the wall time since the command's
@@ -11,7 +14,7 @@ Usage: python benchmarks/solve_cartpole.py [--seeds 0 1 2] [--threshold 475] [--
 from __future__ import annotations
 
 import argparse
-import glob
+import json
 import os
 import statistics
 import subprocess
@@ -39,22 +42,26 @@ def first_crossing(tb_dir: str, threshold: float) -> tuple[int | None, float | N
     return None, None, best
 
 
-def run_seed(seed: int, threshold: float, cap: float, flags: list[str], train_dir: str) -> dict:
+def run_seed(seed: int, threshold: float, cap: float, steps: int, flags: list[str], train_dir: str) -> dict:
     exe = os.path.join(os.path.dirname(sys.executable), "msf-train")
     cmd = [exe, "--env=CartPole-v1", f"--experiment=solve_s{seed}", f"--train_dir={train_dir}",
-           "--restart_behavior=overwrite", f"--seed={seed}", "--device=cpu", f"--train_for_seconds={int(cap)}",
+           "--restart_behavior=overwrite", f"--seed={seed}", "--device=cpu", f"--train_for_seconds={int(cap)}", f"--train_for_env_steps={steps}",
            "--experiment_summaries_interval=1", "--with_progress_bar=False", *flags]
     t0 = time.time()
     subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
     step, wall, best = first_crossing(os.path.join(train_dir, f"solve_s{seed}", "tensorboard"), threshold)
-    return {"seed": seed, "env_steps": step, "seconds": None if wall is None else wall - t0, "best": best}
+    with open(os.path.join(train_dir, f"solve_s{seed}", "summary.json")) as f:
+        final = json.load(f)["episode_return_mean"]
+    return {"seed": seed, "env_steps": step, "seconds": None if wall is None else wall - t0, "best": best,
+            "final": final}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--threshold", type=float, default=475.0)
-    ap.add_argument("--cap", type=float, default=120.0, help="seconds per run")
+    ap.add_argument("--cap", type=float, default=120.0, help="seconds per run at most")
+    ap.add_argument("--steps", type=int, default=300_000, help="env steps per run")
     ap.add_argument("--defaults", action="store_true", help="msf-train defaults instead of the small-env settings")
     ap.add_argument("extra", nargs="*", help="more msf-train flags (after --)")
     a = ap.parse_args()
@@ -63,11 +70,14 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as td:
         for s in a.seeds:
-            r = run_seed(s, a.threshold, a.cap, flags, td)
+            r = run_seed(s, a.threshold, a.cap, a.steps, flags, td)
             rows.append(r)
             fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
             print(f"seed {s}: reached {a.threshold:g} at env step {fmt(r['env_steps'], 'd')}, "
-                  f"{fmt(r['seconds'], '.1f')} s from launch (best {fmt(r['best'], '.1f')})", flush=True)
+                  f"{fmt(r['seconds'], '.1f')} s from launch; mean return at the end ({a.steps} steps) "
+                  f"{fmt(r['final'], '.1f')}", flush=True)
+    finals = [r["final"] for r in rows]
+    print(f"final mean return: median {statistics.median(finals):.1f}, min {min(finals):.1f}")
     solved = [r for r in rows if r["env_steps"] is not None]
     if len(solved) == len(rows):
         print(f"median: {statistics.median(r['seconds'] for r in rows):.1f} s, "

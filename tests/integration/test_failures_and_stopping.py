@@ -77,3 +77,21 @@ def test_signal_stops_cleanly_with_final_checkpoint(train_dir, sig):
     ckpts = sorted((train_dir / "sig" / "checkpoint_p0").glob("checkpoint_*.pth"))
     assert len(ckpts) == 1  # save_every_sec=1000: this is the final one
     assert torch.load(ckpts[-1], weights_only=True)["env_steps"] == s["env_steps"]
+
+
+def test_second_ctrl_c_exits_at_once(train_dir):
+    p = popen_msf(["--env=CartPole-v1", "--experiment=sig2", f"--train_dir={train_dir}", "--num_workers=1",
+                   "--encoder_mlp_layers", "32"])
+    try:
+        deadline = time.monotonic() + 60
+        log = train_dir / "sig2" / "log.txt"
+        while time.monotonic() < deadline and not (log.exists() and "frames" in log.read_text()):
+            time.sleep(0.5)
+        p.send_signal(signal.SIGINT)
+        time.sleep(0.2)  # two signals in the same instant are delivered as one
+        p.send_signal(signal.SIGINT)
+        p.communicate(timeout=10)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130, p.returncode  # os._exit(130), not the clean stop's 0

@@ -139,7 +139,6 @@ def run_device_group(cfg: Config, spaces: EnvSpaces) -> dict:
         status = "failed"
     finally:
         stop_event.set()
-        signals.restore()
         stop_children(ch.procs)
         tb.close()
     wall = time.monotonic() - t0
@@ -155,4 +154,6 @@ def run_device_group(cfg: Config, spaces: EnvSpaces) -> dict:
         "dropped_trajectories": counters.dropped_trajectories, "world_size": 1, "seed": seed,
     }
     write_json_atomic(os.path.join(exp_dir, "summary.json"), summary)
+    # only now: a second Ctrl-C during the teardown above must still exit at once
+    signals.restore()
     return summary
