@@ -20,7 +20,7 @@ def test_continuous_actions_pendulum(train_dir):
     assert s["episode_length_mean"] == 200
     assert -1700 <= s["episode_return_mean"] <= 0
     # 100 episodes' worth of steps; episode stats travel every 0.25 s, so the last few may be unreported
-    assert 0.8 * 20000 / 200 <= s["episodes"] <= 20000 / 200
+    assert 0.8 * 20000 / 200 <= s["episodes"] <= 20000 / 200 + 8  # + envs that ran past the budget
 
 
 def test_policy_lag_limit_drops_old_trajectories(train_dir):
