@@ -38,6 +38,16 @@ def read_summary(train_dir: Path, experiment: str) -> dict:
 
 
 
+def wait_until_training(exp_dir: Path, timeout: float = 60.0) -> None:
+    """Wait until the run's log shows its first status line (training is under way)."""
+    import time
+
+    log = exp_dir / "log.txt"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not (log.exists() and "frames" in log.read_text()):
+        time.sleep(0.5)
+
+
 @pytest.fixture
 def train_dir(tmp_path: Path) -> Path:
     return tmp_path / "train_dir"

@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from .conftest import popen_msf, read_summary, run_msf
+from .conftest import popen_msf, read_summary, run_msf, wait_until_training
 
 
 @pytest.mark.parametrize("flag, expected", [
@@ -61,10 +61,7 @@ def test_signal_stops_cleanly_with_final_checkpoint(train_dir, sig):
                    "--num_envs_per_worker=4", "--batch_size=256", "--save_every_sec=1000",
                    "--encoder_mlp_layers", "32"])
     try:
-        deadline = time.monotonic() + 60
-        log = train_dir / "sig" / "log.txt"
-        while time.monotonic() < deadline and not (log.exists() and "frames" in log.read_text()):
-            time.sleep(0.5)
+        wait_until_training(train_dir / "sig")
         assert p.poll() is None, "the run ended before the signal"
         p.send_signal(sig)
         out, err = p.communicate(timeout=30)
@@ -83,10 +80,7 @@ def test_second_ctrl_c_exits_at_once(train_dir):
     p = popen_msf(["--env=CartPole-v1", "--experiment=sig2", f"--train_dir={train_dir}", "--num_workers=1",
                    "--encoder_mlp_layers", "32"])
     try:
-        deadline = time.monotonic() + 60
-        log = train_dir / "sig2" / "log.txt"
-        while time.monotonic() < deadline and not (log.exists() and "frames" in log.read_text()):
-            time.sleep(0.5)
+        wait_until_training(train_dir / "sig2")
         p.send_signal(signal.SIGINT)
         time.sleep(0.2)  # two signals in the same instant are delivered as one
         p.send_signal(signal.SIGINT)

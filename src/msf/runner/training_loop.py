@@ -249,6 +249,6 @@ class TrainingLoop:
                 last_save = now
                 self.save()
         self._drain_stats()
-        self._summaries()
         self.progress.close()
+        self._summaries()
         return self.stop_reason
