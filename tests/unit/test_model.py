@@ -45,3 +45,17 @@ def test_float32_normalisation_matches_float64():
                                model.obs_normalizer.normalize(x), atol=1e-5, rtol=0)
     # the float32 copies travel with the state_dict (published to inference workers, checkpointed)
     assert {"obs_normalizer.mean_f32", "obs_normalizer.std_f32"} <= model.state_dict().keys()
+
+
+def test_separate_actor_and_critic():
+    torch.manual_seed(0)
+    spaces = EnvSpaces((4,), np.float32, True, 3)
+    model = ActorCritic(Config(encoder_mlp_layers=[8], actor_critic_share_weights=False), spaces)
+    assert model.critic_encoder is not None
+    out = model(torch.randn(5, 4))
+    out.values.sum().backward()
+    # the value depends on the critic's encoder only; the policy on the actor's only
+    assert all(p.grad is None or p.grad.abs().sum() == 0 for p in model.actor_encoder.parameters())
+    assert all(p.grad.abs().sum() > 0 for p in model.critic_encoder.parameters())
+    shared = ActorCritic(Config(encoder_mlp_layers=[8]), spaces)
+    assert shared.critic_encoder is None
