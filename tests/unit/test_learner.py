@@ -80,9 +80,9 @@ def _own_outputs(learner, batch):
     B, T = batch["rewards"].shape
     model.obs_normalizer.update(batch["obs"][:, :T])
     with torch.no_grad():
-        out = model(batch["obs"][:, :T].reshape(B * T, 3))
+        out = model.evaluate(batch["obs"][:, :T].reshape(B * T, 3))
         log_probs = model.log_prob(out.dist, batch["actions"].reshape(-1)).view(B, T)
-        values = model(batch["obs"].reshape(B * (T + 1), 3)).values.view(B, T + 1)
+        values = model.evaluate(batch["obs"].reshape(B * (T + 1), 3)).values.view(B, T + 1)
     batch["values"] = values[:, :T].clone()
     return log_probs, model.denormalize_values(values)
 

@@ -23,7 +23,7 @@ def test_act_matches_distribution_path():
         model = _model(discrete)
         obs = torch.randn(64, 4)
         actions, log_probs, values = model.act(obs)
-        out = model(obs)
+        out = model.evaluate(obs)
         assert actions.shape == ((64,) if discrete else (64, 3))
         torch.testing.assert_close(log_probs, model.log_prob(out.dist, actions))
         torch.testing.assert_close(values, out.values)
@@ -52,7 +52,7 @@ def test_separate_actor_and_critic():
     spaces = EnvSpaces((4,), np.float32, True, 3)
     model = ActorCritic(Config(encoder_mlp_layers=[8], actor_critic_share_weights=False), spaces)
     assert model.critic_encoder is not None
-    out = model(torch.randn(5, 4))
+    out = model.evaluate(torch.randn(5, 4))
     out.values.sum().backward()
     # the value depends on the critic's encoder only; the policy on the actor's only
     assert all(p.grad is None or p.grad.abs().sum() == 0 for p in model.actor_encoder.parameters())

@@ -12,7 +12,10 @@ from typing import Callable
 import torch
 from torch import nn
 
+from torch.nn.parallel import DistributedDataParallel as DDP
+
 from msf.cfg.config import Config, Derived
+from msf.distributed.collectives import all_reduce_sum_, global_moments, is_distributed
 from msf.envs.registry import EnvSpaces
 from msf.learning.advantages import apply_value_bootstrap, gae, vtrace
 from msf.learning.losses import approx_kl, clipped_value_loss, ppo_policy_loss
@@ -38,11 +41,21 @@ class Learner:
         self.cfg, self.derived = cfg, derived
         self.device = torch.device(device)
         self.model = ActorCritic(cfg, spaces).to(self.device)
+        # With several replicas: DDP averages gradients. Its constructor broadcasts rank 0's parameters
+        # and buffers once. broadcast_buffers=False: the normalisers are updated from all-reduced
+        # moments instead, and a per-forward copy of rank 0's buffers would hide drift.
+        self.ddp = DDP(self.model, broadcast_buffers=False,
+                       device_ids=[self.device.index] if self.device.type == "cuda" else None) \
+            if is_distributed() else None
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps,
                                           betas=(cfg.adam_beta1, cfg.adam_beta2))
         self.lr_schedule = None if cfg.lr_schedule == "constant" else KlAdaptiveLR(
             cfg.learning_rate, cfg.lr_schedule_kl_threshold, cfg.lr_adaptive_min, cfg.lr_adaptive_max)
         self.train_step = 0
+
+    @property
+    def world_size(self) -> int:
+        return torch.distributed.get_world_size() if is_distributed() else 1
 
     @property
     def policy_version(self) -> int:
@@ -75,7 +88,7 @@ class Learner:
         # old values of the clipped value loss, as in Sample Factory; only the bootstrap row is
         # evaluated here. That saves a forward pass over the whole batch.
         with torch.no_grad():
-            last = model(b["obs"][:, T]).values
+            last = model(b["obs"][:, T])[1]
         b["old_values"] = b["values"]  # value-head units
         values = model.denormalize_values(torch.cat([b["values"], last[:, None]], 1))
         if cfg.value_bootstrap:
@@ -91,13 +104,13 @@ class Learner:
         b, T = mb["rewards"].shape
         obs = mb["obs"]
         flat_obs = obs[:, :T].reshape(b * T, *obs.shape[2:])
-        out = model(flat_obs)
-        log_probs = model.log_prob(out.dist, mb["actions"].reshape(b * T, *mb["actions"].shape[2:]))
+        action_params, values = (self.ddp or model)(flat_obs)
+        dist = model.distribution(action_params)
+        log_probs = model.log_prob(dist, mb["actions"].reshape(b * T, *mb["actions"].shape[2:]))
         old_log_probs = mb["log_probs"].reshape(-1)
-        values = out.values
         if cfg.with_vtrace:
             with torch.no_grad():
-                last = model(obs[:, T]).values
+                last = model(obs[:, T])[1]
                 v = model.denormalize_values(torch.cat([values.detach().view(b, T), last[:, None]], 1))
                 log_rhos = (log_probs.detach() - old_log_probs).view(b, T)
                 targets, adv = vtrace(mb["rewards"], v, mb["dones"], log_rhos, cfg.gamma, cfg.vtrace_rho, cfg.vtrace_c)
@@ -105,12 +118,14 @@ class Learner:
                     model.returns_normalizer.update(targets)
         else:
             targets, adv = mb["targets"], mb["advantages"]
+        # normalised with the mean and standard deviation of the global minibatch (all replicas)
         adv = adv.reshape(-1)
-        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        n, mean, var = global_moments(adv)
+        adv = (adv - mean.to(adv.dtype)) / (torch.sqrt(var * n / (n - 1).clamp(min=1)).to(adv.dtype) + 1e-8)
         targets = model.normalize_values(targets.reshape(-1))
         policy_loss = ppo_policy_loss(log_probs, old_log_probs, adv, cfg.ppo_clip_ratio)
         value_loss = clipped_value_loss(values, mb["old_values"].reshape(-1), targets, cfg.ppo_clip_value)
-        entropy = model.entropy(out.dist).mean()
+        entropy = model.entropy(dist).mean()
         loss = policy_loss + cfg.value_loss_coeff * value_loss - cfg.exploration_loss_coeff * entropy
         stats = {"policy_loss": policy_loss.detach(), "value_loss": value_loss.detach(), "entropy": entropy.detach(),
                  "kl": approx_kl(log_probs.detach(), old_log_probs), "loss": loss.detach()}
@@ -147,7 +162,8 @@ class Learner:
                 stats["grad_norm"] = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
                 self.optimizer.step()
                 self.train_step += 1
-                kl = float(stats["kl"])
+                kl = float(all_reduce_sum_(stats["kl"].detach().clone().reshape(1))) / self.world_size
+                stats["kl"] = torch.tensor(kl)
                 epoch_kl += kl
                 if cfg.lr_schedule == "kl_adaptive_minibatch":
                     self._set_lr(self.lr_schedule.update(kl))

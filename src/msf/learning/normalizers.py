@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from msf.distributed.collectives import global_moments
+
 
 class RunningMeanStd(nn.Module):
     """Mean and variance over all samples seen, merged batch by batch.
@@ -38,13 +40,15 @@ class RunningMeanStd(nn.Module):
 
     @torch.no_grad()
     def update(self, x: torch.Tensor) -> None:
-        """Merge a batch ``x`` of shape ``[N, *shape]`` into the statistics."""
-        x = x.detach().reshape(-1, *self.mean.shape).to(torch.float64)
-        n_b = x.shape[0]
+        """Merge a batch ``x`` of shape ``[N, *shape]`` into the statistics.
+
+        With several replicas this is a collective: the batch moments are all-reduced
+        (count, sum, sum of squares), so every replica merges the same global moments and
+        ``count`` is the true number of samples.
+        """
+        n_b, m_b, v_b = global_moments(x.reshape(-1, *self.mean.shape), sample_ndim=self.mean.dim())
         if n_b == 0:
             return
-        m_b = x.mean(0)
-        v_b = x.var(0, unbiased=False)
         n_a = self.count
         n = n_a + n_b
         d = m_b - self.mean

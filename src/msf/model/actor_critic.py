@@ -85,18 +85,27 @@ class ActorCritic(nn.Module):
     def normalize_obs(self, obs: torch.Tensor) -> torch.Tensor:
         return self.obs_normalizer.normalize(obs) if self.obs_normalizer is not None else obs
 
-    def forward(self, obs: torch.Tensor) -> PolicyOutput:
-        """Action distribution and values for observations ``[N, obs_size]``."""
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Action-head outputs (logits ``[N, A]`` or Gaussian means ``[N, A]``) and values ``[N]``.
+
+        Plain tensors, so that DistributedDataParallel can wrap the model; :meth:`evaluate`
+        builds the distribution.
+        """
         x = self.normalize_obs(obs)
         h = self.actor_encoder(x)
         hc = h if self.critic_encoder is None else self.critic_encoder(x)
-        values = self.value_head(hc).squeeze(-1)
-        out = self.action_head(h)
+        return self.action_head(h), self.value_head(hc).squeeze(-1)
+
+    def distribution(self, action_params: torch.Tensor) -> torch.distributions.Distribution:
+        """The action distribution of :meth:`forward`'s first output."""
         if self.log_std is None:
-            dist: torch.distributions.Distribution = Categorical(logits=out, validate_args=False)
-        else:
-            dist = Normal(out, self.log_std.exp().expand_as(out), validate_args=False)
-        return PolicyOutput(dist, values)
+            return Categorical(logits=action_params, validate_args=False)
+        return Normal(action_params, self.log_std.exp().expand_as(action_params), validate_args=False)
+
+    def evaluate(self, obs: torch.Tensor) -> PolicyOutput:
+        """Action distribution and values for observations ``[N, obs_size]``."""
+        action_params, values = self(obs)
+        return PolicyOutput(self.distribution(action_params), values)
 
     @torch.no_grad()
     def act(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -107,7 +116,7 @@ class ActorCritic(nn.Module):
         per call, which matters at batch sizes of 10 to 100).
         """
         if self.log_std is not None:
-            out = self(obs)
+            out = self.evaluate(obs)
             actions = out.dist.sample()
             return actions, self.log_prob(out.dist, actions), out.values
         x = self.normalize_obs(obs)

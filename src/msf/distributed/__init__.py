@@ -1,0 +1,1 @@
+"""Topology, process-group set-up, DDP wrapping and cross-rank agreement."""

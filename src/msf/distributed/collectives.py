@@ -1,0 +1,96 @@
+"""Cross-rank agreement: sums, global moments, replica checksums.
+
+Every function here is a collective when the default process group is initialised
+with more than one rank (every rank must call it, in the same order), and a local
+computation otherwise, so the learner's code is the same for one replica and for many.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def all_reduce_sum_(t: torch.Tensor) -> torch.Tensor:
+    """Sum ``t`` over ranks, in place; return it."""
+    if is_distributed():
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def all_reduce_max_(t: torch.Tensor) -> torch.Tensor:
+    """Maximum of ``t`` over ranks, in place; return it."""
+    if is_distributed():
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t
+
+
+def global_moments(x: torch.Tensor, sample_ndim: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Count, mean and population variance of the samples of ``x`` on all ranks, in float64.
+
+    Args:
+        x: ``[..., *sample_shape]``, the leading dimensions are samples.
+        sample_ndim: number of trailing dimensions that form one sample.
+
+    Returns:
+        count (scalar), mean and variance (``sample_shape``), from all-reduced
+        (count, sum, sum of squares): every rank gets the same values.
+    """
+    shape = x.shape[x.dim() - sample_ndim:] if sample_ndim else torch.Size()
+    flat = x.detach().reshape(-1, *shape).to(torch.float64)
+    n = torch.tensor([float(flat.shape[0])], dtype=torch.float64, device=flat.device)
+    packed = torch.cat([n, flat.sum(0).reshape(-1), flat.square().sum(0).reshape(-1)])
+    all_reduce_sum_(packed)
+    count = packed[0]
+    k = (packed.numel() - 1) // 2
+    mean = (packed[1:1 + k] / count.clamp(min=1)).reshape(shape)
+    var = (packed[1 + k:] / count.clamp(min=1)).reshape(shape) - mean.square()
+    return count, mean, var.clamp(min=0.0)
+
+
+def tensor_checksums(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """One int64 checksum per tensor, of its exact bytes (position-weighted, so swaps show)."""
+    sums = []
+    for t in tensors:
+        b = t.detach().contiguous().reshape(-1).view(torch.uint8).to(torch.int64)
+        w = torch.arange(1, b.numel() + 1, dtype=torch.int64, device=b.device) % 65521 + 1
+        sums.append((b * w).sum())
+    return torch.stack(sums).cpu() if sums else torch.zeros(0, dtype=torch.int64)
+
+
+class ReplicaMismatch(RuntimeError):
+    """Replicas that should be bit-identical are not."""
+
+
+def check_replicas_identical(named: dict[str, torch.Tensor]) -> None:
+    """Compare the checksums of ``named`` tensors across ranks.
+
+    Raises:
+        ReplicaMismatch: naming the first tensor whose checksum differs from rank 0's, and the ranks.
+    """
+    if not is_distributed():
+        return
+    names = list(named)
+    local = tensor_checksums([named[n] for n in names])
+    if dist.get_backend() == "nccl":
+        local = local.cuda()  # NCCL gathers device tensors only
+    gathered = [torch.zeros_like(local) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, local)
+    for i, name in enumerate(names):
+        bad = [r for r, g in enumerate(gathered) if g[i] != gathered[0][i]]
+        if bad:
+            raise ReplicaMismatch(f"replicas differ: {name!r} on rank(s) {bad} differs from rank 0")
+
+
+def learner_state_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    """Parameters, buffers (normalisers) and optimiser state of a learner, by name."""
+    out = {f"model.{k}": v for k, v in model.state_dict().items()}
+    for i, state in optimizer.state_dict()["state"].items():
+        for k, v in state.items():
+            if torch.is_tensor(v):
+                out[f"optimizer.{i}.{k}"] = v
+    return out

@@ -1,0 +1,127 @@
+"""Two learner replicas under DDP (gloo, CPU) against one learner on the concatenated batch.
+
+Invariants 1 and 4 of DESIGN.md: after each SGD step the replicas are bit-identical, and N
+replicas with per-replica batch B compute the update of one replica with batch N*B, with
+input and return normalisation on, for GAE and V-trace.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from msf.cfg.config import Config, Derived
+from msf.distributed.collectives import ReplicaMismatch, check_replicas_identical, learner_state_tensors
+from msf.envs.registry import EnvSpaces
+from msf.learning.learner import Learner
+
+SPACES = EnvSpaces(obs_shape=(3,), obs_dtype=np.float32, discrete=True, num_actions=2)
+T = 4
+ITERATIONS = 3
+
+
+def _cfg(batch_size: int, vtrace: bool) -> Config:
+    return Config(encoder_mlp_layers=[16, 16], batch_size=batch_size, rollout=T, num_workers=1, num_envs_per_worker=2,
+                  with_vtrace=vtrace, num_epochs=2, learning_rate=1e-3, seed=0)
+
+
+def _full_batch(iteration: int, B: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(100 + iteration)
+    dones = (torch.rand(B, T, generator=g) < 0.2).to(torch.uint8)
+    return {
+        "obs": torch.randn(B, T + 1, 3, generator=g) * 2.0 + 1.0,
+        "actions": torch.randint(0, 2, (B, T), generator=g),
+        "log_probs": torch.log(torch.rand(B, T, generator=g) * 0.6 + 0.2),
+        "values": torch.randn(B, T, generator=g) * 0.5,
+        "rewards": torch.randn(B, T, generator=g),
+        "dones": dones,
+        "time_outs": dones * (torch.rand(B, T, generator=g) < 0.5).to(torch.uint8),
+        "policy_versions": torch.zeros(B, T, dtype=torch.int64),
+    }
+
+
+def _train(learner: Learner, B: int, part: slice) -> list[float]:
+    grad_norms = []
+    for it in range(ITERATIONS):
+        batch = {k: v[part] for k, v in _full_batch(it, B).items()}
+        grad_norms.append(learner.train(batch)["grad_norm"])
+    return grad_norms
+
+
+def _replica(rank: int, world: int, port: int, vtrace: bool, out: dict) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(rank)  # different on purpose: DDP's constructor must broadcast rank 0's weights
+        cfg = _cfg(batch_size=2 * T, vtrace=vtrace)
+        learner = Learner(cfg, Derived.of(cfg), SPACES)
+        half = Derived.of(cfg).trajectories_per_iteration
+        grad_norms = _train(learner, world * half, slice(rank * half, (rank + 1) * half))
+        check_replicas_identical(learner_state_tensors(learner.model, learner.optimizer))
+        out[rank] = ({k: v.clone() for k, v in learner_state_tensors(learner.model, learner.optimizer).items()},
+                     grad_norms)
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("vtrace", [False, True], ids=["gae", "vtrace"])
+def test_two_replicas_match_one_learner_on_the_whole_batch(vtrace):
+    out = mp.Manager().dict()
+    mp.spawn(_replica, args=(2, _free_port(), vtrace, out), nprocs=2, join=True)
+    state0, gn0 = out[0]
+    state1, gn1 = out[1]
+    for k in state0:
+        assert torch.equal(state0[k], state1[k]), f"replicas differ in {k}"
+    assert gn0 == gn1
+    torch.manual_seed(0)
+    cfg = _cfg(batch_size=4 * T, vtrace=vtrace)
+    single = Learner(cfg, Derived.of(cfg), SPACES)
+    # the replicas were built with other seeds; rank 0's weights were broadcast: start from them
+    init = _cfg(batch_size=2 * T, vtrace=vtrace)
+    torch.manual_seed(0)
+    single.model.load_state_dict(Learner(init, Derived.of(init), SPACES).model.state_dict())
+    B = Derived.of(cfg).trajectories_per_iteration
+    gn_single = _train(single, B, slice(0, B))
+    for a, b in zip(gn_single, gn0):
+        assert math.isclose(a, b, rel_tol=1e-5), (gn_single, gn0)  # the averaged gradient, before clipping
+    ref = learner_state_tensors(single.model, single.optimizer)
+    assert ref.keys() == state0.keys()
+    for k, v in ref.items():
+        torch.testing.assert_close(state0[k].double(), v.double(), rtol=1e-4, atol=1e-5, msg=k)
+    assert state0["model.obs_normalizer.count"].item() == ITERATIONS * B * T  # true count, not x world size
+
+
+def _perturbed_replica(rank: int, world: int, port: int, out: dict) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        cfg = _cfg(batch_size=2 * T, vtrace=False)
+        learner = Learner(cfg, Derived.of(cfg), SPACES)
+        state = learner_state_tensors(learner.model, learner.optimizer)
+        check_replicas_identical(state)  # identical after construction
+        if rank == 1:
+            learner.model.obs_normalizer.mean[0] += 1e-12
+        try:
+            check_replicas_identical(learner_state_tensors(learner.model, learner.optimizer))
+            out[rank] = "no error"
+        except ReplicaMismatch as e:
+            out[rank] = str(e)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_checksum_catches_a_perturbed_normaliser():
+    out = mp.Manager().dict()
+    mp.spawn(_perturbed_replica, args=(2, _free_port(), out), nprocs=2, join=True)
+    for r in (0, 1):
+        assert "'model.obs_normalizer.mean' on rank(s) [1]" in out[r], out[r]
