@@ -6,6 +6,8 @@ Usage: ``msf-train --env=CartPole-v1 --experiment=NAME [--train_dir=DIR] [flags]
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import sys
 
@@ -15,27 +17,38 @@ from msf.cfg.validation import ConfigError, validate
 DESCRIPTION = """Asynchronous PPO (APPO): rollout workers step environments, inference workers batch
 their observations and run the policy, the learner trains on the trajectories they write into
 shared memory. Flags keep Sample Factory 2's names, meanings and defaults. --batch_size is the
-minibatch of one learner. Results go to TRAIN_DIR/EXPERIMENT: config.json, checkpoint_p0/,
+minibatch of one learner replica: with --nproc_per_node=N device groups (N learner replicas whose
+gradients DDP averages) the effective batch is batch_size x N. Results go to TRAIN_DIR/EXPERIMENT: config.json, checkpoint_p0/,
 tensorboard/, log.txt and, at the end, summary.json. Ctrl-C or SIGTERM stops cleanly with a
 final checkpoint; a second Ctrl-C exits at once. Exit codes: 0 done or stopped, 1 failed,
 2 invalid flags."""
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse, validate (before any process is spawned), train; return the exit code."""
-    cfg, _given = parse_args(argv, description=DESCRIPTION)
+    """Parse, validate and resolve (before any process is spawned), train; return the exit code."""
+    cfg, given = parse_args(argv, description=DESCRIPTION)
     try:
         validate(cfg)
+        from msf.distributed.launch import resolve
         from msf.envs.registry import env_spaces
 
+        cfg = resolve(cfg, given)
         spaces = env_spaces(cfg.env)
     except ConfigError as e:
         print(f"msf-train: error: {e}", file=sys.stderr)
         return 2
-    from msf.runner.device_group import run_device_group
+    from msf.distributed.launch import launch
+    from msf.persistence.summaries import setup_logging
+    from msf.runner.experiment import prepare_experiment_dir
 
-    summary = run_device_group(cfg, spaces)
-    exp_dir = os.path.join(cfg.train_dir, cfg.experiment)
+    exp_dir = prepare_experiment_dir(cfg)
+    setup_logging(exp_dir)
+    try:
+        launch(cfg, spaces)
+    except Exception as e:  # noqa: BLE001 - a rank died: torch.multiprocessing names it
+        logging.getLogger("msf").error("a device group failed: %s", e)
+        return 1
+    summary = json.loads(open(os.path.join(exp_dir, "summary.json")).read())
     rm = summary["episode_return_mean"]
     print(f"Results in {os.path.abspath(exp_dir)}")
     print(f"status {summary['status']} | env frames {summary['env_frames']} | {summary['fps']:.0f} FPS | "

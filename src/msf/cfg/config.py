@@ -28,6 +28,7 @@ LEARNING = "learning (PPO, advantages, optimiser)"
 MODEL = "model"
 STOPPING = "stopping"
 PERSISTENCE = "checkpoints and summaries"
+DISTRIBUTED = "distributed (data-parallel learners)"
 
 
 @dataclass
@@ -107,6 +108,19 @@ class Config:
     policy_initialization: str = _f("orthogonal", "Weight initialisation of linear layers", MODEL, ("orthogonal", "xavier_uniform", "torch_default"))
     policy_init_gain: float = _f(1.0, "Gain of the orthogonal / xavier initialisation", MODEL)
     initial_stddev: float = _f(1.0, "Initial standard deviation of the Gaussian action head (continuous actions)", MODEL)
+
+    # --- distributed ---
+    nproc_per_node: int | None = _f(
+        None,
+        "Device groups on this machine, each with its own learner replica (gradients averaged with DDP), "
+        "inference workers, trajectory buffer and share of the rollout workers. Default: one per visible GPU "
+        "with --device=gpu, else 1. With --device=cpu, N CPU device groups. The effective batch is "
+        "batch_size x world size",
+        DISTRIBUTED,
+    )
+    dist_timeout: int = _f(300, "Seconds a replica waits for the others (joining, and in every collective) before the job fails", DISTRIBUTED)
+    master_port: int = _f(0, "TCP port of the rendezvous on 127.0.0.1 (0: pick a free one)", DISTRIBUTED)
+    ddp_check_interval: int = _f(100, "Iterations between checksums of every replica's parameters, optimiser state and normalisers (0: only at start-up)", DISTRIBUTED)
 
     # --- stopping ---
     train_for_env_steps: int = _f(10_000_000_000, "Stop after this many env steps (env frames with summaries_use_frameskip)", STOPPING)

@@ -29,6 +29,14 @@ def validate(cfg: Config) -> None:
     Raises:
         ConfigError: on the first invalid flag found.
     """
+    if cfg.nproc_per_node is not None:
+        _check(cfg.nproc_per_node >= 1, "nproc_per_node", f"must be a positive integer, got {cfg.nproc_per_node}")
+        _check(cfg.num_workers >= cfg.nproc_per_node, "num_workers",
+               f"must be at least nproc_per_node={cfg.nproc_per_node} (every device group needs a rollout worker), "
+               f"got {cfg.num_workers}")
+    _check(0 <= cfg.master_port < 65536, "master_port", f"must be a TCP port in [0, 65535], got {cfg.master_port}")
+    _check(cfg.dist_timeout >= 1, "dist_timeout", f"must be a positive number of seconds, got {cfg.dist_timeout}")
+    _check(cfg.ddp_check_interval >= 0, "ddp_check_interval", f"must not be negative, got {cfg.ddp_check_interval}")
     for name in ("num_workers", "num_envs_per_worker", "worker_num_splits", "policy_workers_per_policy",
                  "rollout", "batch_size", "num_batches_per_epoch", "num_epochs", "env_frameskip",
                  "keep_checkpoints", "stats_avg", "train_for_env_steps", "train_for_seconds"):
@@ -38,8 +46,10 @@ def validate(cfg: Config) -> None:
            f"only 1 policy is supported so far (several policies are a planned feature), got {cfg.num_policies}")
     _check(cfg.num_envs_per_worker % cfg.worker_num_splits == 0, "worker_num_splits",
            f"must divide num_envs_per_worker={cfg.num_envs_per_worker}, got {cfg.worker_num_splits}")
-    _check(cfg.policy_workers_per_policy <= cfg.num_workers, "policy_workers_per_policy",
-           f"must be at most num_workers={cfg.num_workers} (each inference worker serves whole rollout workers), "
+    groups = cfg.nproc_per_node or 1
+    _check(cfg.policy_workers_per_policy <= cfg.num_workers // groups, "policy_workers_per_policy",
+           f"must be at most the rollout workers of one device group, num_workers // nproc_per_node = "
+           f"{cfg.num_workers // groups} (each inference worker serves whole rollout workers), "
            f"got {cfg.policy_workers_per_policy}")
     _check(cfg.rollout >= 2, "rollout", f"must be at least 2, got {cfg.rollout}")
     _check(cfg.recurrence == -1 or cfg.recurrence >= 1, "recurrence", f"must be -1 or a positive integer, got {cfg.recurrence}")

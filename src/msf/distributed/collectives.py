@@ -94,3 +94,14 @@ def learner_state_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimiz
             if torch.is_tensor(v):
                 out[f"optimizer.{i}.{k}"] = v
     return out
+
+
+def all_gather_tensor(t: torch.Tensor) -> torch.Tensor:
+    """``[world_size, *t.shape]``: ``t`` from every rank, in rank order (``t[None]`` with one rank)."""
+    if not is_distributed():
+        return t[None]
+    dev = torch.device("cuda") if dist.get_backend() == "nccl" else t.device
+    local = t.to(dev)
+    out = [torch.zeros_like(local) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, local)
+    return torch.stack(out).to(t.device)

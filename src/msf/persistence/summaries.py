@@ -14,8 +14,9 @@ log = logging.getLogger("msf")
 LOG_FORMAT = "[%(asctime)s][%(processName)s][pid %(process)d] %(levelname)s %(message)s"
 
 
-def setup_logging(exp_dir: str | None = None, level: int = logging.INFO) -> None:
-    """Log to stderr and, with ``exp_dir``, to ``exp_dir/log.txt`` (appended, so resumed runs keep their history)."""
+def setup_logging(exp_dir: str | None = None, level: int = logging.INFO, rank: int | None = None) -> None:
+    """Log to stderr and, with ``exp_dir``, to ``exp_dir/log.txt`` (appended, so resumed runs and several
+    ranks share it); with ``rank``, every line carries it."""
     root = logging.getLogger()
     root.setLevel(level)
     for h in list(root.handlers):
@@ -24,7 +25,8 @@ def setup_logging(exp_dir: str | None = None, level: int = logging.INFO) -> None
     if exp_dir is not None:
         handlers.append(logging.FileHandler(os.path.join(exp_dir, "log.txt")))
     for h in handlers:
-        h.setFormatter(logging.Formatter(LOG_FORMAT, datefmt="%H:%M:%S"))
+        fmt = LOG_FORMAT if rank is None else LOG_FORMAT.replace("[%(processName)s]", f"[rank {rank}][%(processName)s]")
+        h.setFormatter(logging.Formatter(fmt, datefmt="%H:%M:%S"))
         root.addHandler(h)
 
 

@@ -18,23 +18,26 @@ Stop: the main process sets ``stop_event``; every child polls it at least every 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
 import time
 from typing import Any
 
-import numpy as np
 import torch
 
 import msf
 from msf.cfg.config import Config, Derived
+from msf.distributed.collectives import check_replicas_identical, learner_state_tensors
+from msf.distributed.launch import rank_config
+from msf.distributed.topology import RankInfo
 from msf.envs.registry import EnvSpaces
 from msf.learning.learner import Learner
 from msf.learning.published_weights import PublishedWeights
 from msf.persistence.checkpoint import load_latest_checkpoint
 from msf.persistence.summaries import TensorBoardSummaries, setup_logging, write_json_atomic
-from msf.runner.experiment import prepare_experiment_dir
+from msf.runner.experiment import experiment_dir
 from msf.runner.supervision import CTX, spawn, stop_children
 from msf.runner.training_loop import Channels, Counters, TrainingLoop
 from msf.sampling.inference_worker import inference_worker_main
@@ -42,15 +45,6 @@ from msf.sampling.rollout_worker import rollout_worker_main
 from msf.sampling.trajectory_buffer import TrajectoryBuffer
 
 log = logging.getLogger("msf")
-
-
-def resolve_device(name: str) -> str:
-    """``gpu`` -> ``cuda`` when CUDA is available, else ``cpu`` (with a log line)."""
-    if name == "gpu":
-        if torch.cuda.is_available():
-            return "cuda"
-        log.info("--device=gpu but CUDA is not available: using the CPU")
-    return "cpu"
 
 
 class _SignalHandler:
@@ -74,7 +68,7 @@ class _SignalHandler:
 
 
 def _start_workers(cfg: Config, derived: Derived, spaces: EnvSpaces, buffer: TrajectoryBuffer,
-                   weights: PublishedWeights, device: str, stop_event: Any) -> Channels:
+                   weights: PublishedWeights, device: str, stop_event: Any, prefix: str = "") -> Channels:
     """Spawn the inference workers and the rollout workers, joined by one pipe per rollout worker."""
     failures, full_queue, stats_queue = CTX.Queue(), CTX.Queue(), CTX.Queue()
     free_queues = [CTX.Queue() for _ in range(cfg.num_workers)]
@@ -85,29 +79,32 @@ def _start_workers(cfg: Config, derived: Derived, spaces: EnvSpaces, buffer: Tra
     me = os.getpid()
     for i in range(P):
         conns = {w: pipes[w][0] for w in range(i, cfg.num_workers, P)}
-        procs.append(spawn(inference_worker_main, f"inference_worker_{i}", failures, cfg, derived, spaces, buffer,
+        procs.append(spawn(inference_worker_main, f"{prefix}inference_worker_{i}", failures, cfg, derived, spaces, buffer,
                            conns, weights, device, stop_event, me, inference_stats[i]))
     for w in range(cfg.num_workers):
-        procs.append(spawn(rollout_worker_main, f"rollout_worker_{w}", failures, cfg, derived, w, buffer,
+        procs.append(spawn(rollout_worker_main, f"{prefix}rollout_worker_{w}", failures, cfg, derived, w, buffer,
                            pipes[w][1], full_queue, free_queues[w], stats_queue, stop_event, me))
     return Channels(full_queue, free_queues, stats_queue, failures, procs, inference_stats)
 
 
-def run_device_group(cfg: Config, spaces: EnvSpaces) -> dict:
-    """Train one policy on one device group until done; return the contents of ``summary.json``.
+def run_device_group(cfg: Config, spaces: EnvSpaces, rank: RankInfo) -> dict | None:
+    """Train one policy on this device group until done; rank 0 writes and returns ``summary.json``.
 
-    Raises nothing for a failed run: the failure is logged with its traceback and the
+    ``cfg`` is the node's resolved config (see :func:`msf.distributed.launch.resolve`); this
+    group runs its share of the rollout workers. The process group, if any, is already
+    initialised. A failed run raises nothing: the failure is logged with its traceback and the
     summary's ``status`` is ``"failed"``; the last checkpoint is left as it was.
     """
-    derived = Derived.of(cfg)
-    exp_dir = prepare_experiment_dir(cfg)
-    setup_logging(exp_dir)
-    device = resolve_device(cfg.device)
-    seed = cfg.seed if cfg.seed is not None else int(np.random.SeedSequence().entropy % (2**31))
-    torch.manual_seed(seed)
+    group_cfg = rank_config(cfg, rank)
+    derived = Derived.of(group_cfg)
+    exp_dir = experiment_dir(cfg)
+    setup_logging(exp_dir, rank=rank.rank if rank.distributed else None)
+    device = f"cuda:{rank.local_rank}" if cfg.device == "gpu" else "cpu"
+    torch.manual_seed(cfg.seed)  # the same on every replica; DDP also broadcasts rank 0's weights
     # the learner shares the machine with the workers: more threads than spare cores only contend
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) - cfg.num_workers - cfg.policy_workers_per_policy))
-    learner = Learner(cfg, derived, spaces, device)
+    busy = cfg.num_workers + cfg.policy_workers_per_policy * rank.nproc_per_node
+    torch.set_num_threads(max(1, ((os.cpu_count() or 1) - busy) // rank.nproc_per_node))
+    learner = Learner(group_cfg, derived, spaces, device)
     counters = Counters()
     purge_step = None
     state = load_latest_checkpoint(exp_dir) if cfg.restart_behavior == "resume" else None
@@ -119,16 +116,20 @@ def run_device_group(cfg: Config, spaces: EnvSpaces) -> dict:
         purge_step = counters.env_steps * derived.frameskip
         log.info("resumed from %s at env step %d, policy version %d", state["path"], counters.env_steps,
                  learner.policy_version)
-    log.info("msf %s | %s | device %s | %d rollout workers x %d envs, %d inference workers | experiment %s",
-             msf.__version__, cfg.env, device, cfg.num_workers, cfg.num_envs_per_worker,
-             cfg.policy_workers_per_policy, exp_dir)
-    buffer = TrajectoryBuffer.allocate(cfg, derived, spaces)
+    log.info("msf %s | %s | rank %d/%d | device %s | %d rollout workers x %d envs, %d inference workers | %s",
+             msf.__version__, cfg.env, rank.rank, rank.world_size, device, group_cfg.num_workers,
+             cfg.num_envs_per_worker, cfg.policy_workers_per_policy, exp_dir)
+    check_replicas_identical(learner_state_tensors(learner.model, learner.optimizer))
+    buffer = TrajectoryBuffer.allocate(group_cfg, derived, spaces)
     weights = PublishedWeights(learner.model)
     weights.publish(learner.model, learner.policy_version)
     stop_event = CTX.Event()
-    tb = TensorBoardSummaries(exp_dir, purge_step=purge_step)
-    ch = _start_workers(cfg, derived, spaces, buffer, weights, device, stop_event)
-    loop = TrainingLoop(cfg, derived, learner, buffer, weights, ch, exp_dir, counters, tb)
+    tb = TensorBoardSummaries(exp_dir, purge_step=purge_step) if rank.is_main else None
+    # environments are seeded differently on every rank, so that replicas see different experience
+    worker_cfg = dataclasses.replace(group_cfg, seed=cfg.seed + 1_000_003 * rank.rank)
+    ch = _start_workers(worker_cfg, derived, spaces, buffer, weights, device, stop_event,
+                        prefix=f"rank{rank.rank}/" if rank.distributed else "")
+    loop = TrainingLoop(cfg, derived, learner, buffer, weights, ch, exp_dir, counters, tb, rank)
     signals = _SignalHandler(loop)
     t0 = time.monotonic()
     try:
@@ -140,20 +141,28 @@ def run_device_group(cfg: Config, spaces: EnvSpaces) -> dict:
     finally:
         stop_event.set()
         stop_children(ch.procs)
-        tb.close()
-    wall = time.monotonic() - t0
-    run_frames = (counters.env_steps - loop.start_steps) * cfg.env_frameskip
-    summary = {
-        "status": status, "env": cfg.env, "experiment": cfg.experiment, "msf_version": msf.__version__,
-        "env_steps": counters.env_steps, "env_frames": counters.env_steps * cfg.env_frameskip,
-        "wall_seconds": wall, "fps": run_frames / max(wall, 1e-9), "train_steps": learner.train_step,
-        "policy_version": learner.policy_version, "episodes": counters.episodes,
-        "episode_return_mean": loop.return_mean(),
-        "episode_length_mean": float(np.mean(counters.lengths)) if counters.lengths else None,
-        "policy_lag_mean": counters.lag[1], "policy_lag_max": counters.lag[2],
-        "dropped_trajectories": counters.dropped_trajectories, "world_size": 1, "seed": seed,
-    }
-    write_json_atomic(os.path.join(exp_dir, "summary.json"), summary)
+        if tb is not None:
+            tb.close()
+    summary = None
+    if rank.is_main:
+        summary = _summary(cfg, rank, loop, status, time.monotonic() - t0)
+        write_json_atomic(os.path.join(exp_dir, "summary.json"), summary)
     # only now: a second Ctrl-C during the teardown above must still exit at once
     signals.restore()
     return summary
+
+
+def _summary(cfg: Config, rank: RankInfo, loop: TrainingLoop, status: str, wall: float) -> dict:
+    c, gs = loop.c, loop.global_stats
+    run_frames = (c.env_steps - loop.start_steps) * cfg.env_frameskip
+    return {
+        "status": status, "env": cfg.env, "experiment": cfg.experiment, "msf_version": msf.__version__,
+        "env_steps": c.env_steps, "env_frames": c.env_steps * cfg.env_frameskip,
+        "wall_seconds": wall, "fps": run_frames / max(wall, 1e-9), "train_steps": loop.learner.train_step,
+        "policy_version": loop.learner.policy_version, "episodes": c.episodes,
+        "episode_return_mean": gs.get("return_mean"), "episode_length_mean": gs.get("length_mean"),
+        "policy_lag_mean": gs.get("lag_mean", c.lag[1]), "policy_lag_max": gs.get("lag_max", c.lag[2]),
+        "dropped_trajectories": c.dropped_trajectories, "world_size": rank.world_size,
+        "nproc_per_node": rank.nproc_per_node, "nnodes": rank.nnodes, "fps_per_rank": gs.get("fps_per_rank"),
+        "seed": cfg.seed,
+    }

@@ -19,6 +19,8 @@ import torch
 
 import msf
 from msf.cfg.config import Config, Derived
+from msf.distributed.collectives import all_gather_tensor, all_reduce_sum_, check_replicas_identical, learner_state_tensors
+from msf.distributed.topology import RankInfo
 from msf.learning.learner import Learner
 from msf.learning.published_weights import PublishedWeights
 from msf.persistence.checkpoint import save_checkpoint
@@ -32,6 +34,14 @@ log = logging.getLogger("msf")
 
 class ComponentFailed(RuntimeError):
     """A child process reported an exception (the message holds its traceback)."""
+
+
+class PeerFailed(RuntimeError):
+    """Another replica reported a failure in the per-iteration agreement."""
+
+
+# the per-iteration agreement vector, summed over replicas
+_STOP, _FAILED, _SUMMARY, _SAVE, _TIME, _STEPS, _EPISODES, _DROPPED = range(8)
 
 
 @dataclass
@@ -48,7 +58,8 @@ class Channels:
 
 @dataclass
 class Counters:
-    """Progress of the run; ``env_steps`` counts agent steps of all trajectories received."""
+    """Progress of the run, summed over all replicas: ``env_steps`` counts the agent steps of all
+    trajectories the learners received. ``returns``/``lengths``/``lag`` are this replica's own."""
 
     env_steps: int = 0
     episodes: int = 0
@@ -59,28 +70,39 @@ class Counters:
 
 
 class TrainingLoop:
-    """Drives one device group's learner until the budget is spent, a stop is requested, or a failure."""
+    """Drives one device group's learner until the budget is spent, a stop is requested, or a failure.
+
+    Every iteration the replicas agree, in one all-reduce, on what happens next: stop (a
+    signal, the budget, a failure anywhere), write summaries or a checkpoint (rank 0's clock),
+    and the global counts. So every replica leaves after the same iteration, performs the
+    same SGD steps, and none is left waiting in a collective. With one replica the
+    all-reduce is a no-op and the code path is the same.
+    """
 
     def __init__(self, cfg: Config, derived: Derived, learner: Learner, buffer: TrajectoryBuffer,
                  weights: PublishedWeights, ch: Channels, exp_dir: str, counters: Counters,
-                 tb: TensorBoardSummaries):
+                 tb: TensorBoardSummaries | None, rank: RankInfo):
         self.cfg, self.derived, self.learner, self.buffer = cfg, derived, learner, buffer
-        self.weights, self.ch, self.exp_dir, self.c, self.tb = weights, ch, exp_dir, counters, tb
+        self.weights, self.ch, self.exp_dir, self.c, self.tb, self.rank = weights, ch, exp_dir, counters, tb, rank
         self.c.returns = collections.deque(self.c.returns, maxlen=cfg.stats_avg)
         self.c.lengths = collections.deque(self.c.lengths, maxlen=cfg.stats_avg)
         self.pending: collections.deque[tuple[int, int]] = collections.deque()  # (worker, slot)
         self.ready: list[dict[str, torch.Tensor]] = []  # copied-out trajectories not yet trained on
         self.ready_count = 0
         self.stop_reason: str | None = None
+        self.iteration = 0
         self.start_time = time.monotonic()
         self.start_steps = counters.env_steps
+        self.local_steps = 0  # this replica's, for its own FPS
+        self.delta = np.zeros(3)  # steps, episodes, dropped since the last agreement
         self.fps_window: collections.deque[tuple[float, int]] = collections.deque([(self.start_time, counters.env_steps)])
         self.last_train_stats: dict[str, float] = {}
-        self.progress = Progress(cfg.train_for_env_steps, cfg.with_progress_bar, initial=self.frames)
+        self.global_stats: dict[str, Any] = {}
+        self.progress = Progress(cfg.train_for_env_steps, cfg.with_progress_bar and rank.is_main, initial=self.frames)
 
     @property
     def frames(self) -> int:
-        """Env steps in the unit of the budget and the curves (frames with summaries_use_frameskip)."""
+        """Global env steps in the unit of the budget and the curves (frames with summaries_use_frameskip)."""
         return self.c.env_steps * self.derived.frameskip
 
     def request_stop(self, reason: str) -> None:
@@ -115,7 +137,7 @@ class TrainingLoop:
                 return
             self.c.returns.extend(s.returns)
             self.c.lengths.extend(s.lengths)
-            self.c.episodes += len(s.returns)
+            self.delta[1] += len(s.returns)
 
     def _receive(self, timeout: float) -> None:
         """Move announced trajectories to ``pending`` (waiting at most ``timeout`` for the first)."""
@@ -125,7 +147,8 @@ class TrainingLoop:
             return
         while True:
             self.pending.extend((msg.worker, s) for s in msg.slots)
-            self.c.env_steps += len(msg.slots) * self.cfg.rollout
+            self.delta[0] += len(msg.slots) * self.cfg.rollout
+            self.local_steps += len(msg.slots) * self.cfg.rollout
             try:
                 msg = self.ch.full_queue.get_nowait()
             except queue.Empty:
@@ -149,7 +172,7 @@ class TrainingLoop:
         lag = self.learner.policy_version - batch["policy_versions"].min(1).values
         keep = lag <= self.cfg.max_policy_lag
         if not bool(keep.all()):
-            self.c.dropped_trajectories += int((~keep).sum())
+            self.delta[2] += int((~keep).sum())
             batch = {k: v[keep] for k, v in batch.items()}
         if batch["rewards"].shape[0]:
             self.ready.append(batch)
@@ -166,16 +189,37 @@ class TrainingLoop:
         self.ready_count -= n
         return batch
 
+    # --- agreeing -----------------------------------------------------------------------------
+    def _agree(self, failed: bool, now: float, last_summary: float, last_save: float) -> np.ndarray:
+        """One all-reduce: flags and counts summed over replicas; updates the global counters."""
+        v = torch.zeros(8, dtype=torch.float64)
+        v[_STOP] = self.stop_reason is not None
+        v[_FAILED] = failed
+        if self.rank.is_main:
+            v[_SUMMARY] = now - last_summary >= self.cfg.experiment_summaries_interval
+            v[_SAVE] = now - last_save >= self.cfg.save_every_sec
+        v[_TIME] = now - self.start_time >= self.cfg.train_for_seconds
+        v[_STEPS:] = torch.from_numpy(self.delta)
+        self.delta[:] = 0
+        g = all_reduce_sum_(v).numpy()
+        self.c.env_steps += int(g[_STEPS])
+        self.c.episodes += int(g[_EPISODES])
+        self.c.dropped_trajectories += int(g[_DROPPED])
+        return g
+
     # --- training -----------------------------------------------------------------------------
     def _train(self, batch: dict[str, torch.Tensor]) -> None:
         lag = (self.learner.policy_version - batch["policy_versions"]).float()
         self.c.lag = (float(lag.min()), float(lag.mean()), float(lag.max()))
         self.last_train_stats = self.learner.train(
             batch, on_sgd_step=lambda model, version: self.weights.publish(model, version))
+        self.iteration += 1
+        if self.cfg.ddp_check_interval and self.iteration % self.cfg.ddp_check_interval == 0:
+            check_replicas_identical(learner_state_tensors(self.learner.model, self.learner.optimizer))
 
     # --- reporting ----------------------------------------------------------------------------
     def fps(self) -> tuple[float, float]:
-        """(frames per second over the last ~10 s, since the start of this run)."""
+        """(global frames per second over the last ~10 s, since the start of this run)."""
         now = time.monotonic()
         self.fps_window.append((now, self.c.env_steps))
         while len(self.fps_window) > 2 and now - self.fps_window[1][0] > 10.0:
@@ -186,69 +230,107 @@ class TrainingLoop:
         total = (self.c.env_steps - self.start_steps) * fs / max(now - self.start_time, 1e-9)
         return recent, total
 
+    def local_fps(self) -> float:
+        return self.local_steps * self.derived.frameskip / max(time.monotonic() - self.start_time, 1e-9)
+
     def return_mean(self) -> float | None:
-        return float(np.mean(self.c.returns)) if self.c.returns else None
+        """Mean return of the last ``stats_avg`` episodes of every replica (as of the last summary)."""
+        return self.global_stats.get("return_mean")
+
+    def _gather_stats(self) -> None:
+        """Collective: episode statistics, FPS and policy lag of every replica, for rank 0's summaries."""
+        n = self.cfg.stats_avg
+        ep = torch.full((2, n), float("nan"), dtype=torch.float64)
+        ep[0, :len(self.c.returns)] = torch.tensor(list(self.c.returns), dtype=torch.float64)
+        ep[1, :len(self.c.lengths)] = torch.tensor(list(self.c.lengths), dtype=torch.float64)
+        per_rank = torch.tensor([self.local_fps(), *self.c.lag], dtype=torch.float64)
+        g_ep, g_rank = all_gather_tensor(ep), all_gather_tensor(per_rank)
+        returns, lengths = g_ep[:, 0].flatten(), g_ep[:, 1].flatten()
+        returns, lengths = returns[~returns.isnan()], lengths[~lengths.isnan()]
+        self.global_stats = {
+            "return_mean": float(returns.mean()) if returns.numel() else None,
+            "length_mean": float(lengths.mean()) if lengths.numel() else None,
+            "fps_per_rank": g_rank[:, 0].tolist(),
+            "lag_per_rank": g_rank[:, 1:].tolist(),
+            "lag_mean": float(g_rank[:, 2].mean()), "lag_max": float(g_rank[:, 3].max()),
+        }
 
     def _summaries(self) -> None:
+        self._gather_stats()
+        if not self.rank.is_main:
+            return
+        gs = self.global_stats
         recent, _ = self.fps()
         inf = [float(s[1]) / max(float(s[0]), 1.0) for s in self.ch.inference_stats]
         scalars = {"perf/fps": recent, "perf/dropped_trajectories": self.c.dropped_trajectories,
                    "perf/inference_batch_size": float(np.mean(inf)) if inf else None,
-                   "policy_lag/min": self.c.lag[0], "policy_lag/mean": self.c.lag[1], "policy_lag/max": self.c.lag[2],
-                   "train/policy_version": self.learner.policy_version}
-        if self.c.returns:
-            scalars["episode/return_mean"] = self.return_mean()
-            scalars["episode/length_mean"] = float(np.mean(self.c.lengths))
+                   "policy_lag/mean": gs["lag_mean"], "policy_lag/max": gs["lag_max"],
+                   "train/policy_version": self.learner.policy_version,
+                   "episode/return_mean": gs["return_mean"], "episode/length_mean": gs["length_mean"]}
+        for r, (fps, (lo, mean, hi)) in enumerate(zip(gs["fps_per_rank"], gs["lag_per_rank"])):
+            if self.rank.distributed:
+                scalars.update({f"perf/fps_rank{r}": fps, f"policy_lag/rank{r}_min": lo,
+                                f"policy_lag/rank{r}_mean": mean, f"policy_lag/rank{r}_max": hi})
         scalars.update({f"train/{k}": v for k, v in self.last_train_stats.items()})
         self.tb.add(scalars, self.frames)
-        rm = self.return_mean()
-        log.info("frames %d | fps %.0f | return_mean %s | policy_lag mean %.1f max %.0f | train_step %d | dropped %d",
-                 self.frames, recent, "n/a" if rm is None else f"{rm:.1f}", self.c.lag[1], self.c.lag[2],
-                 self.learner.train_step, self.c.dropped_trajectories)
+        rm = gs["return_mean"]
+        per_rank = (" | fps per rank " + " ".join(f"{f:.0f}" for f in gs["fps_per_rank"])) if self.rank.distributed else ""
+        log.info("frames %d | fps %.0f | return_mean %s | policy_lag mean %.1f max %.0f | train_step %d | dropped %d%s",
+                 self.frames, recent, "n/a" if rm is None else f"{rm:.1f}", gs["lag_mean"], gs["lag_max"],
+                 self.learner.train_step, self.c.dropped_trajectories, per_rank)
 
     def checkpoint_state(self) -> dict:
         """The training state saved in a checkpoint (global: loads on any world size)."""
         return {**self.learner.state_dict(), "env_steps": self.c.env_steps, "episodes": self.c.episodes,
-                "policy_version": self.learner.policy_version, "config": self.cfg.to_dict(), "world_size": 1,
-                "msf_version": msf.__version__, "episode_returns": list(self.c.returns),
-                "episode_lengths": list(self.c.lengths), "dropped_trajectories": self.c.dropped_trajectories}
+                "policy_version": self.learner.policy_version, "config": self.cfg.to_dict(),
+                "world_size": self.rank.world_size, "msf_version": msf.__version__,
+                "episode_returns": list(self.c.returns), "episode_lengths": list(self.c.lengths),
+                "dropped_trajectories": self.c.dropped_trajectories}
 
     def save(self) -> None:
-        path = save_checkpoint(self.checkpoint_state(), self.exp_dir, self.cfg.keep_checkpoints)
-        log.info("saved %s", path)
+        """Rank 0 writes a checkpoint; other ranks do nothing."""
+        if self.rank.is_main:
+            path = save_checkpoint(self.checkpoint_state(), self.exp_dir, self.cfg.keep_checkpoints)
+            log.info("saved %s", path)
 
     # --- the loop ------------------------------------------------------------------------------
-    def _budget_spent(self) -> bool:
-        return (self.frames >= self.cfg.train_for_env_steps
-                or time.monotonic() - self.start_time >= self.cfg.train_for_seconds)
-
     def run(self) -> str:
         """Loop until done; return the status: "done" or "stopped" (raises on a failure)."""
-        cfg = self.cfg
         last_summary = last_save = time.monotonic()
         while True:
-            self._poll_children()
-            if self.stop_reason is not None:
-                break
+            failure: Exception | None = None
+            try:
+                self._poll_children()
+            except (ComponentFailed, ChildDied) as e:
+                failure = e
             self._receive(timeout=0.05)
             self._copy_out()
-            batch = self._next_batch()
-            if batch is not None:
-                self._train(batch)
             self._drain_stats()
-            if self._budget_spent():
-                self.request_stop("done")
+            batch = self._next_batch()
+            if self.rank.is_main:
+                rm = self.return_mean()
+                self.progress.update(self.frames, {"fps": f"{self.fps()[1]:.0f}",
+                                                   "return": "n/a" if rm is None else f"{rm:.1f}",
+                                                   "lag": f"{self.c.lag[1]:.1f}"})
+            if batch is None and failure is None and self.stop_reason is None:
+                continue  # nothing to agree on yet: every replica enters the agreement with a batch or a stop
             now = time.monotonic()
-            rm = self.return_mean()
-            self.progress.update(self.frames, {"fps": f"{self.fps()[1]:.0f}", "return": "n/a" if rm is None else f"{rm:.1f}",
-                                               "lag": f"{self.c.lag[1]:.1f}"})
-            if now - last_summary >= cfg.experiment_summaries_interval:
+            g = self._agree(failure is not None, now, last_summary, last_save)
+            if g[_FAILED]:
+                raise failure or PeerFailed("another replica failed (see its log lines)")
+            if g[_SUMMARY]:
                 last_summary = now
                 self._summaries()
-            if now - last_save >= cfg.save_every_sec:
+            if g[_SAVE]:
                 last_save = now
                 self.save()
-        self._drain_stats()
+            if g[_STOP]:
+                self.request_stop("stopped")
+                break
+            if self.frames >= self.cfg.train_for_env_steps or g[_TIME]:
+                self.request_stop("done")
+                break
+            self._train(batch)
         self.progress.close()
         self._summaries()
         return self.stop_reason
