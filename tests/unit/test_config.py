@@ -18,7 +18,7 @@ def test_sample_factory_spellings_parse(tmp_path):
     assert cfg.encoder_mlp_layers == [64, 32]
     assert cfg.train_for_env_steps == 1_000_000 and isinstance(cfg.train_for_env_steps, int)
     assert cfg.seed == 3
-    assert {"encoder_mlp_layers", "train_for_env_steps", "seed"} <= given and "with_vtrace" not in given
+    assert {"encoder_mlp_layers", "train_for_env_steps", "seed", "with_vtrace"} <= given and "gamma" not in given
 
 
 def test_every_field_is_a_flag_with_help_and_group():

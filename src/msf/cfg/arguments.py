@@ -73,7 +73,10 @@ def build_parser(prog: str = "msf-train", description: str | None = None) -> arg
 
 def parse_args(argv: list[str] | None = None, description: str | None = None) -> tuple[Config, set[str]]:
     """Parse ``argv`` into a :class:`Config`; also return the names of the flags given explicitly."""
+    import sys
+
     parser = build_parser(description=description)
+    argv = sys.argv[1:] if argv is None else argv
     ns = parser.parse_args(argv)
-    given = {name for name in vars(ns) if getattr(ns, name) != parser.get_default(name)}
+    given = {tok[2:].split("=", 1)[0] for tok in argv if tok.startswith("--")} & set(vars(ns))
     return Config(**vars(ns)), given

@@ -1,0 +1,93 @@
+"""msf-train --nproc_per_node=2 on CPU device groups (gloo): learning, agreed stopping, failures, bad input."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import time
+
+import pytest
+import torch
+
+from .conftest import SMALL_ENV_FLAGS, popen_msf, read_summary, run_msf, wait_until_training
+
+
+def test_two_replicas_reach_450_with_half_the_batch(train_dir):
+    """N=2 with batch_size=256 per replica (the global batch of N=1 with 512) within the same 300k steps."""
+    flags = [f for f in SMALL_ENV_FLAGS if not f.startswith("--batch_size")] + ["--batch_size=256"]
+    r = run_msf(["--env=CartPole-v1", "--experiment=ddp", f"--train_dir={train_dir}", "--seed=0",
+                 "--nproc_per_node=2", "--train_for_env_steps=300000", *flags], timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = read_summary(train_dir, "ddp")
+    assert s["status"] == "done"
+    assert (s["world_size"], s["nproc_per_node"], s["nnodes"]) == (2, 2, 1)
+    assert len(s["fps_per_rank"]) == 2 and all(f > 0 for f in s["fps_per_rank"])
+    assert s["episode_return_mean"] >= 450, s
+    log = (train_dir / "ddp" / "log.txt").read_text()
+    assert "[rank 0]" in log and "[rank 1]" in log
+    ckpts = sorted((train_dir / "ddp" / "checkpoint_p0").glob("checkpoint_*.pth"))
+    state = torch.load(ckpts[-1], weights_only=True)
+    assert state["world_size"] == 2 and state["env_steps"] == s["env_steps"]
+    assert not any(k.startswith("module.") for k in state["model"])  # loads without DDP
+
+
+def test_ctrl_c_stops_both_replicas_after_the_same_iteration(train_dir):
+    p = popen_msf(["--env=CartPole-v1", "--experiment=ddpsig", f"--train_dir={train_dir}", "--nproc_per_node=2",
+                   "--num_workers=2", "--num_envs_per_worker=4", "--batch_size=128", "--encoder_mlp_layers", "32",
+                   "--save_every_sec=1000"], start_new_session=True)
+    try:
+        wait_until_training(train_dir / "ddpsig")
+        import os
+
+        os.killpg(p.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole process group
+        p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0
+    s = read_summary(train_dir, "ddpsig")
+    assert s["status"] == "stopped"
+    ckpts = sorted((train_dir / "ddpsig" / "checkpoint_p0").glob("checkpoint_*.pth"))
+    assert len(ckpts) == 1 and torch.load(ckpts[0], weights_only=True)["train_step"] == s["train_steps"]
+
+
+def test_failure_in_one_device_group_ends_the_job(train_dir):
+    r = run_msf(["--env=msf_test_envs:MsfFailingCartPole-v0", "--experiment=ddpfail", f"--train_dir={train_dir}",
+                 "--nproc_per_node=2", "--num_workers=2", "--num_envs_per_worker=4", "--batch_size=128",
+                 "--encoder_mlp_layers", "32", "--save_every_sec=1"], timeout=120)
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert read_summary(train_dir, "ddpfail")["status"] == "failed"
+    log = (train_dir / "ddpfail" / "log.txt").read_text()
+    assert "RuntimeError: deliberate failure inside the environment" in log
+    assert list((train_dir / "ddpfail" / "checkpoint_p0").glob("checkpoint_*.pth"))
+
+
+def test_busy_master_port_is_refused(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = run_msf(["--experiment=port", f"--train_dir={tmp_path}", "--nproc_per_node=2", "--num_workers=2",
+                     f"--master_port={port}"], timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.strip().startswith(f"msf-train: error: --master_port: port {port} on 127.0.0.1 is not free")
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--nproc_per_node=3", "--num_workers=2"], "--num_workers: must be at least nproc_per_node=3"),
+    (["--nproc_per_node=2", "--num_workers=2", "--policy_workers_per_policy=2"],
+     "--policy_workers_per_policy: must be at most the rollout workers of one device group"),
+    (["--nproc_per_node=0"], "--nproc_per_node: must be a positive integer"),
+])
+def test_bad_topology_one_line_exit_2(tmp_path, args, expected):
+    r = run_msf(["--experiment=bad", f"--train_dir={tmp_path}", *args], timeout=60)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], r.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised when no GPU is present")
+def test_explicit_gpu_without_cuda_is_refused(tmp_path):
+    r = run_msf(["--experiment=gpu", f"--train_dir={tmp_path}", "--device=gpu"], timeout=60)
+    assert r.returncode == 2
+    assert "--device: gpu was asked for but CUDA is not available" in r.stderr
