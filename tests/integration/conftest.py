@@ -28,7 +28,9 @@ def run_msf(args: list[str], timeout: float, **kw) -> subprocess.CompletedProces
 
 
 def popen_msf(args: list[str], **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "msf.train", "--device=cpu", "--with_progress_bar=False", *args],
+    # status lines every second: wait_until_training sees the first one soon
+    return subprocess.Popen([sys.executable, "-m", "msf.train", "--device=cpu", "--with_progress_bar=False",
+                             "--experiment_summaries_interval=1", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=msf_env(), **kw)
 
 

@@ -19,7 +19,7 @@ def str2bool(v: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected True or False, got {v!r}")
 
 
-def _int_or_float_int(v: str) -> int:
+def integer(v: str) -> int:
     """Integers also accepted as ``1e6`` (a whole number written in float notation)."""
     try:
         return int(v)
@@ -58,9 +58,9 @@ def build_parser(prog: str = "msf-train", description: str | None = None) -> arg
         if hint is bool:
             kwargs.update(type=str2bool, metavar="True|False")
         elif hint is int:
-            kwargs["type"] = _int_or_float_int
+            kwargs["type"] = integer
         elif hint == (int | None):
-            kwargs["type"] = _int_or_float_int
+            kwargs["type"] = integer
         elif hint is float:
             kwargs["type"] = float
         elif hint is list:

@@ -51,7 +51,7 @@ class Config:
     num_policies: int = _f(1, "Number of policies trained at once (only 1 is supported for now)", BASIC)
 
     # --- sampling ---
-    num_workers: int = _f(os.cpu_count() or 1, "Rollout worker processes on this machine (default: the number of CPU cores)", SAMPLING)
+    num_workers: int = _f(os.cpu_count() or 1, "Rollout worker processes on this machine; the default is the number of CPU cores", SAMPLING)
     num_envs_per_worker: int = _f(2, "Environments stepped by each rollout worker", SAMPLING)
     worker_num_splits: int = _f(
         2,

@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import socket
+import time
 from typing import Any
 
 import numpy as np
@@ -109,16 +110,44 @@ def launch(cfg: Config, spaces: EnvSpaces) -> None:
         signal.signal(signal.SIGTERM, old_term)
 
 
+def _join(rank: RankInfo, cfg: Config) -> None:
+    """Join the process group through a c10d TCPStore that rank 0 hosts, and wait until every rank has
+    arrived, so that a rank that never comes is named (not a bare time-out).
+
+    Raises:
+        RuntimeError: some rank did not arrive within ``--dist_timeout`` seconds (the message lists them).
+    """
+    timeout = datetime.timedelta(seconds=cfg.dist_timeout)
+    store = dist.TCPStore("127.0.0.1", cfg.master_port, rank.world_size, is_master=rank.is_main,
+                          timeout=timeout, wait_for_workers=False)
+    store.set(f"msf/arrived/{rank.rank}", "1")
+    keys = [f"msf/arrived/{r}" for r in range(rank.world_size)]
+    try:
+        store.wait(keys, timeout)
+    except Exception:  # noqa: BLE001 - a time-out: say who is missing
+        missing = [r for r, k in enumerate(keys) if not store.check([k])]
+        raise RuntimeError(f"rank(s) {missing} did not join within --dist_timeout={cfg.dist_timeout} s") from None
+    backend = "nccl" if cfg.device == "gpu" else "gloo"
+    dist.init_process_group(backend, store=store, rank=rank.rank, world_size=rank.world_size, timeout=timeout)
+
+
 def _rank_main(local_rank: int, cfg: Config, spaces: EnvSpaces) -> None:
+    from msf.persistence.summaries import setup_logging
     from msf.runner.device_group import run_device_group
+    from msf.runner.experiment import experiment_dir
 
     rank = RankInfo(rank=local_rank, local_rank=local_rank, nproc_per_node=cfg.nproc_per_node)
+    setup_logging(experiment_dir(cfg), rank=rank.rank)
+    delay = os.environ.get("MSF_DEBUG_DELAY_RANK", "")  # "RANK:SECONDS", for the tests of concurrent start
+    if delay and int(delay.split(":")[0]) == rank.rank:
+        time.sleep(float(delay.split(":")[1]))
     if cfg.device == "gpu":
         # before any CUDA state exists in this process: everything after lands on this rank's GPU
         torch.cuda.set_device(local_rank)
-    backend = "nccl" if cfg.device == "gpu" else "gloo"
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{cfg.master_port}", rank=rank.rank,
-                            world_size=rank.world_size, timeout=datetime.timedelta(seconds=cfg.dist_timeout))
+    entered = time.time()
+    _join(rank, cfg)
+    # every replica logs when it entered and left initialisation: all enter before any leaves
+    log.info("joined the process group: entered %.3f left %.3f", entered, time.time())
     try:
         run_device_group(cfg, spaces, rank)
     finally:

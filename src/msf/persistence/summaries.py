@@ -7,7 +7,6 @@ import logging
 import os
 import sys
 import tempfile
-import time
 
 log = logging.getLogger("msf")
 
@@ -62,22 +61,26 @@ class TensorBoardSummaries:
 
 
 class Progress:
-    """A tqdm bar on a terminal; otherwise a status line in the log every ``period_s`` seconds.
+    """A tqdm bar on a terminal (log lines are printed above it, not glued to it). Without a
+    terminal it shows nothing: the status line logged every ``experiment_summaries_interval``
+    seconds says the same.
 
     Args:
         total: the step budget (None or huge: no known end). enabled: False disables the bar.
     """
 
-    def __init__(self, total: int | None, enabled: bool, initial: int = 0, period_s: float = 5.0):
+    def __init__(self, total: int | None, enabled: bool, initial: int = 0):
         self.bar = None
-        self.period_s = period_s
-        self.last_line = time.monotonic()
+        self.redirect = None
         if enabled and sys.stderr.isatty():
             from tqdm import tqdm
+            from tqdm.contrib.logging import logging_redirect_tqdm
 
             self.bar = tqdm(total=total if total and total < 10**10 else None, initial=initial, unit="frame",
                             unit_scale=True, dynamic_ncols=True, file=sys.stderr)
             self.n = initial
+            self.redirect = logging_redirect_tqdm()
+            self.redirect.__enter__()
 
     def update(self, count: int, fields: dict[str, str]) -> None:
         """Move to ``count`` (env frames) and show ``fields``."""
@@ -85,12 +88,9 @@ class Progress:
             self.bar.update(count - self.n)
             self.n = count
             self.bar.set_postfix(fields, refresh=False)
-            return
-        now = time.monotonic()
-        if now - self.last_line >= self.period_s:
-            self.last_line = now
-            log.info("frames %d | %s", count, " | ".join(f"{k} {v}" for k, v in fields.items()))
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+            self.redirect.__exit__(None, None, None)
+            self.bar = None

@@ -58,8 +58,8 @@ class _SignalHandler:
         self.count += 1
         if self.count > 1 and signum == signal.SIGINT:
             os._exit(130)
-        log.warning("received %s: stopping after the current step (Ctrl-C again to exit at once)",
-                    signal.Signals(signum).name)
+        log.warning("received %s: stopping after the current iteration with a final checkpoint%s",
+                    signal.Signals(signum).name, " (Ctrl-C again to exit at once)" if signum == signal.SIGINT else "")
         self.loop.request_stop("stopped")
 
     def restore(self) -> None:

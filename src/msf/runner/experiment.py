@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import time
 
 from msf.cfg.config import Config
@@ -21,8 +22,11 @@ def prepare_experiment_dir(cfg: Config) -> str:
     if os.path.isdir(d) and cfg.restart_behavior != "resume":
         if cfg.restart_behavior == "overwrite":
             shutil.rmtree(d)
+            print(f"msf-train: --restart_behavior=overwrite: deleted {d}", file=sys.stderr)
         else:
-            os.replace(d, f"{d}_old_{time.strftime('%Y%m%d_%H%M%S')}")
+            old = f"{d}_old_{time.strftime('%Y%m%d_%H%M%S')}"
+            os.replace(d, old)
+            print(f"msf-train: --restart_behavior=restart: moved the old experiment to {old}", file=sys.stderr)
     os.makedirs(d, exist_ok=True)
     write_json_atomic(os.path.join(d, "config.json"), cfg.to_dict())
     return d

@@ -1,0 +1,54 @@
+"""Invariant 2 of DESIGN.md: replicas join their process group concurrently; a missing one is named."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from .conftest import run_msf
+
+JOIN = re.compile(r"\[rank (\d+)\].*joined the process group: entered ([\d.]+) left ([\d.]+)")
+
+
+def _run(train_dir, name: str, n: int, extra: list[str], delay: str | None = None, timeout: float = 180):
+    import os
+
+    env_delay = {"MSF_DEBUG_DELAY_RANK": delay} if delay else {}
+    os.environ.update(env_delay)
+    try:
+        return run_msf(["--env=CartPole-v1", f"--experiment={name}", f"--train_dir={train_dir}",
+                        f"--nproc_per_node={n}", f"--num_workers={n}", "--num_envs_per_worker=2", "--batch_size=64",
+                        "--encoder_mlp_layers", "16", "--train_for_env_steps=2000", *extra], timeout=timeout)
+    finally:
+        for k in env_delay:
+            os.environ.pop(k)
+
+
+def _joins(train_dir, name: str) -> dict[int, tuple[float, float]]:
+    text = (train_dir / name / "log.txt").read_text()
+    return {int(r): (float(a), float(b)) for r, a, b in JOIN.findall(text)}
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_all_replicas_enter_before_any_leaves(train_dir, n):
+    r = _run(train_dir, f"start{n}", n, [])
+    assert r.returncode == 0, r.stderr[-3000:]
+    joins = _joins(train_dir, f"start{n}")
+    assert sorted(joins) == list(range(n))
+    assert max(a for a, _ in joins.values()) <= min(b for _, b in joins.values())
+
+
+def test_a_late_replica_is_waited_for_and_released_at_once(train_dir):
+    r = _run(train_dir, "late", 2, ["--dist_timeout=60"], delay="1:5")
+    assert r.returncode == 0, r.stderr[-3000:]
+    joins = _joins(train_dir, "late")
+    late_enter = joins[1][0]
+    assert late_enter - joins[0][0] >= 4.5  # rank 1 really was late
+    assert joins[0][1] - late_enter <= 1.0  # and rank 0 left initialisation within 1 s of its arrival
+
+
+def test_a_replica_that_never_joins_is_named(train_dir):
+    r = _run(train_dir, "missing", 2, ["--dist_timeout=3"], delay="1:30", timeout=60)
+    assert r.returncode == 1
+    assert "rank(s) [1] did not join within --dist_timeout=3 s" in r.stderr.strip().splitlines()[-1]
