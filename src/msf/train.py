@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         launch(cfg, spaces)
     except Exception as e:  # noqa: BLE001 - a rank died: torch.multiprocessing names it
         logging.getLogger("msf").error("a device group failed: %s", e)
-        last = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        last = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         print(f"msf-train: a device group failed: {last} (details in {os.path.join(exp_dir, 'log.txt')})",
               file=sys.stderr)
         return 1

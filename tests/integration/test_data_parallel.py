@@ -91,3 +91,58 @@ def test_explicit_gpu_without_cuda_is_refused(tmp_path):
     r = run_msf(["--experiment=gpu", f"--train_dir={tmp_path}", "--device=gpu"], timeout=60)
     assert r.returncode == 2
     assert "--device: gpu was asked for but CUDA is not available" in r.stderr
+
+
+def _processes_with(marker: str) -> list[int]:
+    import os
+
+    pids = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/environ", "rb") as f:
+                    if marker.encode() in f.read():
+                        pids.append(int(d))
+            except OSError:
+                pass
+    return pids
+
+
+def test_a_killed_replica_ends_the_job_and_leaves_nothing_behind(train_dir):
+    import os
+    import re
+    import uuid
+
+    marker = f"MSF_TEST_MARKER={uuid.uuid4().hex}"
+    shm_before = set(os.listdir("/dev/shm"))
+    env_key, env_val = marker.split("=")
+    os.environ[env_key] = env_val
+    try:
+        p = popen_msf(["--env=CartPole-v1", "--experiment=kill", f"--train_dir={train_dir}", "--nproc_per_node=2",
+                       "--num_workers=2", "--num_envs_per_worker=4", "--batch_size=128", "--encoder_mlp_layers", "32",
+                       "--save_every_sec=1", "--dist_timeout=10"])
+    finally:
+        os.environ.pop(env_key)
+    try:
+        wait_until_training(train_dir / "kill")
+        time.sleep(1.5)  # a checkpoint exists
+        log = (train_dir / "kill" / "log.txt").read_text()
+        rank1 = int(re.search(r"\[rank 1\]\[[^\]]+\]\[pid (\d+)\]", log).group(1))
+        os.kill(rank1, signal.SIGKILL)
+        t0 = time.monotonic()
+        _, err = p.communicate(timeout=10 + 20)
+        elapsed = time.monotonic() - t0
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 1
+    assert elapsed < 10 + 5
+    line = next(ln for ln in err.splitlines() if ln.startswith("msf-train: a device group failed"))
+    assert "rank 1" in line and "was lost" in line, line
+    deadline = time.monotonic() + 5
+    while _processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _processes_with(marker) == [], "processes of the job were left behind"
+    assert set(os.listdir("/dev/shm")) <= shm_before, "shared memory left in /dev/shm"
+    ckpts = sorted((train_dir / "kill" / "checkpoint_p0").glob("checkpoint_*.pth"))
+    assert ckpts and torch.load(ckpts[-1], weights_only=True)["env_steps"] > 0

@@ -105,6 +105,11 @@ def launch(cfg: Config, spaces: EnvSpaces) -> None:
     try:
         while not ctx.join(timeout=1.0):
             pass
+    except mp.ProcessExitedException as e:
+        raise RuntimeError(f"rank {e.error_index} (pid {e.error_pid}) was lost: {e}") from None
+    except mp.ProcessRaisedException as e:
+        last = str(e).strip().splitlines()[-1]
+        raise RuntimeError(f"rank {e.error_index} (pid {e.error_pid}) failed: {last}\n{e}") from None
     finally:
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)
