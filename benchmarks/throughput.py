@@ -6,7 +6,10 @@
 (c) training: ``msf-train`` with the same flags, steady-state FPS = median of its 10-s FPS
     after ``--warmup`` seconds (as ``../shared/peers/bench_sf.py`` measures Sample Factory 2);
 (d) optionally Sample Factory 2 with the same arguments, when ``--sf2_python`` names a python
-    with sample-factory installed (``bash ../shared/peers/setup.sh`` makes one).
+    with sample-factory installed (``bash ../shared/peers/setup.sh`` makes one);
+(e) optionally, with ``--nproc_sweep 1 2``, training FPS with that many CPU device groups (DDP
+    learner replicas, same per-replica flags), and the time of one gloo all-reduce of the
+    model's gradients (its size in bytes), so that the cost of scaling out is visible.
 
 The default flags are the Sample Factory CartPole command line of ``../shared/peers/run_sf.sh``.
 Usage: python benchmarks/throughput.py [--seconds 60] [--sf2_python /tmp/anchors-venv/bin/python]
@@ -115,6 +118,47 @@ def msf_train_fps(flags: list[str], seconds: float, warmup: float) -> tuple[floa
         return statistics.median(e.value for e in fps), int(acc.Scalars("perf/fps")[-1].step)
 
 
+def _allreduce_proc(rank: int, world: int, port: int, numel: int, reps: int, out: dict) -> None:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    t = torch.zeros(numel)
+    for _ in range(5):
+        dist.all_reduce(t)
+    times = []
+    for _ in range(reps):
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(t)
+        times.append(time.perf_counter() - t0)
+    out[rank] = statistics.median(times)
+    dist.destroy_process_group()
+
+
+def allreduce_seconds(numel: int, world: int = 2, reps: int = 50) -> float:
+    """Median seconds of one gloo all-reduce of ``numel`` float32 values between ``world`` processes."""
+    import socket
+
+    import torch.multiprocessing as tmp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp.Manager().dict()
+    tmp.spawn(_allreduce_proc, args=(world, port, numel, reps, out), nprocs=world, join=True)
+    return max(out.values())
+
+
+def model_numel(flags: list[str]) -> int:
+    from msf.cfg.arguments import parse_args
+    from msf.envs.registry import env_spaces
+    from msf.model.actor_critic import ActorCritic
+
+    cfg, _ = parse_args(flags)
+    return sum(p.numel() for p in ActorCritic(cfg, env_spaces(cfg.env)).parameters())
+
+
 def sf2_train_fps(python: str, flags: list[str], seconds: float, warmup: float) -> float | None:
     """(d): Sample Factory 2's steady-state FPS, parsed from its 'Fps is (10 sec: X' lines."""
     rx = re.compile(r"Fps is \(10 sec: ([\d.]+)")
@@ -152,6 +196,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=20.0)
     ap.add_argument("--procs", type=int, default=os.cpu_count())
     ap.add_argument("--sf2_python", default=None)
+    ap.add_argument("--nproc_sweep", type=int, nargs="*", default=[], help="e.g. 1 2: device groups to compare")
     ap.add_argument("flags", nargs="*", help="msf-train flags (after --); default: the SF2 CartPole command line")
     a = ap.parse_args()
     flags = a.flags or SF_CARTPOLE
@@ -171,6 +216,19 @@ def main() -> None:
     if sf2 is not None:
         print(f"| (d) Sample Factory 2.1.1 training, same flags | {sf2:,.0f} | {sf2 / raw:.3f} |")
         print(f"\nmsf training / Sample Factory 2 training: {trn / sf2:.2f}x")
+    if a.nproc_sweep:
+        # one inference worker per device group, so that every group has a rollout worker to serve
+        sweep = flags + ["--policy_workers_per_policy=1"]
+        print("\nsweep flags:", " ".join(sweep), flush=True)
+        rows = [(n, msf_train_fps(sweep + [f"--nproc_per_node={n}"], a.seconds, a.warmup)[0]) for n in a.nproc_sweep]
+        numel = model_numel(flags)
+        ar = allreduce_seconds(numel)
+        print("\n| device groups (--nproc_per_node) | training FPS | ratio to 1 |\n|---|---|---|")
+        base = dict(rows).get(1, rows[0][1])
+        for n, fps in rows:
+            print(f"| {n} | {fps:,.0f} | {fps / base:.2f} |")
+        print(f"\none gloo all-reduce of the gradients, 2 processes: {ar * 1e3:.2f} ms for {numel:,} parameters "
+              f"({numel * 4 / 2**20:.2f} MiB)")
 
 
 if __name__ == "__main__":
