@@ -146,3 +146,21 @@ def test_a_killed_replica_ends_the_job_and_leaves_nothing_behind(train_dir):
     assert set(os.listdir("/dev/shm")) <= shm_before, "shared memory left in /dev/shm"
     ckpts = sorted((train_dir / "kill" / "checkpoint_p0").glob("checkpoint_*.pth"))
     assert ckpts and torch.load(ckpts[-1], weights_only=True)["env_steps"] > 0
+
+
+@pytest.mark.slow
+def test_two_replicas_three_seeds():
+    """Sample efficiency of N=2 with half the batch: median >= 450 over 3 seeds, none below 300."""
+    import statistics
+    import tempfile
+    from pathlib import Path
+
+    flags = [f for f in SMALL_ENV_FLAGS if not f.startswith("--batch_size")] + ["--batch_size=256"]
+    returns = []
+    with tempfile.TemporaryDirectory() as td:
+        for seed in (1, 2, 3):
+            r = run_msf(["--env=CartPole-v1", f"--experiment=ddp{seed}", f"--train_dir={td}", f"--seed={seed}",
+                         "--nproc_per_node=2", "--train_for_env_steps=300000", *flags], timeout=300)
+            assert r.returncode == 0, r.stderr[-3000:]
+            returns.append(read_summary(Path(td), f"ddp{seed}")["episode_return_mean"])
+    assert statistics.median(returns) >= 450 and min(returns) >= 300, returns

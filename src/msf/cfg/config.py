@@ -67,7 +67,7 @@ class Config:
     summaries_use_frameskip: bool = _f(True, "Count env frames (steps x frameskip) in the step budget, the curves' x-axis and FPS", SAMPLING)
 
     # --- learning ---
-    batch_size: int = _f(1024, "Samples per minibatch (per learner replica). Must be a multiple of rollout", LEARNING)
+    batch_size: int = _f(1024, "Samples per minibatch of one learner replica; with N device groups the effective batch is batch_size x N. Must be a multiple of rollout", LEARNING)
     num_batches_per_epoch: int = _f(1, "Minibatches per epoch; one training iteration consumes batch_size x num_batches_per_epoch samples", LEARNING)
     num_epochs: int = _f(1, "Passes over the iteration's samples", LEARNING)
     ppo_clip_ratio: float = _f(0.1, "PPO clip: the ratio is clipped to [1/(1+eps), 1+eps] (Sample Factory's convention)", LEARNING)
