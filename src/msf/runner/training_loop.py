@@ -198,7 +198,7 @@ class TrainingLoop:
         if self.rank.is_main:
             v[_SUMMARY] = now - last_summary >= self.cfg.experiment_summaries_interval
             v[_SAVE] = now - last_save >= self.cfg.save_every_sec
-        v[_TIME] = now - self.start_time >= self.cfg.train_for_seconds
+        v[_TIME] = now - self.start_time >= self.cfg.train_for_seconds  # with no batch, the replica enters for this
         v[_STEPS:] = torch.from_numpy(self.delta)
         self.delta[:] = 0
         g = all_reduce_sum_(v).numpy()
@@ -312,9 +312,10 @@ class TrainingLoop:
                 self.progress.update(self.frames, {"fps": f"{self.fps()[1]:.0f}",
                                                    "return": "n/a" if rm is None else f"{rm:.1f}",
                                                    "lag": f"{self.c.lag[1]:.1f}"})
-            if batch is None and failure is None and self.stop_reason is None:
-                continue  # nothing to agree on yet: every replica enters the agreement with a batch or a stop
             now = time.monotonic()
+            time_spent = now - self.start_time >= self.cfg.train_for_seconds
+            if batch is None and failure is None and self.stop_reason is None and not time_spent:
+                continue  # nothing to agree on yet: a replica enters the agreement with a batch, or to stop
             g = self._agree(failure is not None, now, last_summary, last_save)
             if g[_FAILED]:
                 raise failure or PeerFailed("another replica failed (see its log lines)")
