@@ -31,10 +31,19 @@ def _cfg(batch_size: int, vtrace: bool) -> Config:
                   with_vtrace=vtrace, num_epochs=2, learning_rate=1e-3, seed=0)
 
 
-def _full_batch(iteration: int, B: int) -> dict[str, torch.Tensor]:
+def _full_batch(iteration: int, B: int, masked: bool = False) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(100 + iteration)
     dones = (torch.rand(B, T, generator=g) < 0.2).to(torch.uint8)
-    return {
+    extra = {}
+    if masked:
+        # the two halves hold different numbers of valid samples; in iteration 1 the second half
+        # (rank 1's batch) holds none at all
+        valids = (torch.rand(B, T, generator=g) < 0.7).to(torch.uint8)
+        valids[0] = 0
+        if iteration == 1:
+            valids[B // 2:] = 0
+        extra["valids"] = valids
+    return {**extra,
         "obs": torch.randn(B, T + 1, 3, generator=g) * 2.0 + 1.0,
         "actions": torch.randint(0, 2, (B, T), generator=g),
         "log_probs": torch.log(torch.rand(B, T, generator=g) * 0.6 + 0.2),
@@ -46,22 +55,22 @@ def _full_batch(iteration: int, B: int) -> dict[str, torch.Tensor]:
     }
 
 
-def _train(learner: Learner, B: int, part: slice) -> list[float]:
+def _train(learner: Learner, B: int, part: slice, masked: bool = False) -> list[float]:
     grad_norms = []
     for it in range(ITERATIONS):
-        batch = {k: v[part] for k, v in _full_batch(it, B).items()}
+        batch = {k: v[part] for k, v in _full_batch(it, B, masked).items()}
         grad_norms.append(learner.train(batch)["grad_norm"])
     return grad_norms
 
 
-def _replica(rank: int, world: int, port: int, vtrace: bool, out: dict) -> None:
+def _replica(rank: int, world: int, port: int, vtrace: bool, masked: bool, out: dict) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
         torch.manual_seed(rank)  # different on purpose: DDP's constructor must broadcast rank 0's weights
         cfg = _cfg(batch_size=2 * T, vtrace=vtrace)
         learner = Learner(cfg, Derived.of(cfg), SPACES)
         half = Derived.of(cfg).trajectories_per_iteration
-        grad_norms = _train(learner, world * half, slice(rank * half, (rank + 1) * half))
+        grad_norms = _train(learner, world * half, slice(rank * half, (rank + 1) * half), masked)
         check_replicas_identical(learner_state_tensors(learner.model, learner.optimizer))
         out[rank] = ({k: v.clone() for k, v in learner_state_tensors(learner.model, learner.optimizer).items()},
                      grad_norms)
@@ -75,10 +84,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.parametrize("masked", [False, True], ids=["all-valid", "masked"])
 @pytest.mark.parametrize("vtrace", [False, True], ids=["gae", "vtrace"])
-def test_two_replicas_match_one_learner_on_the_whole_batch(vtrace):
+def test_two_replicas_match_one_learner_on_the_whole_batch(vtrace, masked):
+    """Masked: the replicas hold different numbers of valid samples, one of them none in one iteration."""
     out = mp.Manager().dict()
-    mp.spawn(_replica, args=(2, _free_port(), vtrace, out), nprocs=2, join=True)
+    mp.spawn(_replica, args=(2, _free_port(), vtrace, masked, out), nprocs=2, join=True)
     state0, gn0 = out[0]
     state1, gn1 = out[1]
     for k in state0:
@@ -92,14 +103,15 @@ def test_two_replicas_match_one_learner_on_the_whole_batch(vtrace):
     torch.manual_seed(0)
     single.model.load_state_dict(Learner(init, Derived.of(init), SPACES).model.state_dict())
     B = Derived.of(cfg).trajectories_per_iteration
-    gn_single = _train(single, B, slice(0, B))
+    gn_single = _train(single, B, slice(0, B), masked)
     for a, b in zip(gn_single, gn0):
         assert math.isclose(a, b, rel_tol=1e-5), (gn_single, gn0)  # the averaged gradient, before clipping
     ref = learner_state_tensors(single.model, single.optimizer)
     assert ref.keys() == state0.keys()
     for k, v in ref.items():
         torch.testing.assert_close(state0[k].double(), v.double(), rtol=1e-4, atol=1e-5, msg=k)
-    assert state0["model.obs_normalizer.count"].item() == ITERATIONS * B * T  # true count, not x world size
+    valid = sum(int(_full_batch(it, B, masked).get("valids", torch.ones(B, T)).sum()) for it in range(ITERATIONS))
+    assert state0["model.obs_normalizer.count"].item() == valid  # true count of valid samples, not x world size
 
 
 def _perturbed_replica(rank: int, world: int, port: int, out: dict) -> None:

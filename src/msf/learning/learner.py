@@ -80,10 +80,12 @@ class Learner:
         b["rewards"] = (b["rewards"] * cfg.reward_scale).clamp(-cfg.reward_clip, cfg.reward_clip)
         b["dones"] = b["dones"].float()
         b["time_outs"] = b["time_outs"].float()
+        b["valids"] = b["valids"].float() if "valids" in b else torch.ones_like(b["rewards"])
+        valid = b["valids"].bool()
         model = self.model
         if model.obs_normalizer is not None:
-            # statistics from the observations acted on (not the bootstrap rows, seen again next time)
-            model.obs_normalizer.update(b["obs"][:, :T])
+            # statistics from the valid observations acted on (not the bootstrap rows, seen again next time)
+            model.obs_normalizer.update(b["obs"][:, :T][valid])
         # The behaviour policy's values (recorded by the inference workers) serve for GAE and as the
         # old values of the clipped value loss, as in Sample Factory; only the bootstrap row is
         # evaluated here. That saves a forward pass over the whole batch.
@@ -96,7 +98,7 @@ class Learner:
         if not cfg.with_vtrace:
             b["advantages"], b["targets"] = gae(b["rewards"], values, b["dones"], cfg.gamma, cfg.gae_lambda)
             if model.returns_normalizer is not None:
-                model.returns_normalizer.update(b["targets"])
+                model.returns_normalizer.update(b["targets"][valid])
         return b
 
     def _minibatch_loss(self, mb: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -115,20 +117,28 @@ class Learner:
                 log_rhos = (log_probs.detach() - old_log_probs).view(b, T)
                 targets, adv = vtrace(mb["rewards"], v, mb["dones"], log_rhos, cfg.gamma, cfg.vtrace_rho, cfg.vtrace_c)
                 if model.returns_normalizer is not None:
-                    model.returns_normalizer.update(targets)
+                    model.returns_normalizer.update(targets[mb["valids"].bool()])
         else:
             targets, adv = mb["targets"], mb["advantages"]
-        # normalised with the mean and standard deviation of the global minibatch (all replicas)
+        valid = mb["valids"].reshape(-1)
+        vb = valid.bool()
+        # Each valid sample weighs world_size / (valid samples of all replicas): DDP's average of the
+        # replicas' gradients is then the gradient of the mean loss over the global minibatch, whatever
+        # each replica's share of valid samples (none: zero-weighted gradients, the same SGD step).
+        n_global = all_reduce_sum_(valid.sum().detach().reshape(1).to(torch.float64))
+        weights = valid * (self.world_size / n_global.clamp(min=1.0)).to(valid.dtype)
+        # advantages normalised with the mean and standard deviation of the global minibatch's valid samples
         adv = adv.reshape(-1)
-        n, mean, var = global_moments(adv)
+        n, mean, var = global_moments(adv[vb])
         adv = (adv - mean.to(adv.dtype)) / (torch.sqrt(var * n / (n - 1).clamp(min=1)).to(adv.dtype) + 1e-8)
         targets = model.normalize_values(targets.reshape(-1))
-        policy_loss = ppo_policy_loss(log_probs, old_log_probs, adv, cfg.ppo_clip_ratio)
-        value_loss = clipped_value_loss(values, mb["old_values"].reshape(-1), targets, cfg.ppo_clip_value)
-        entropy = model.entropy(dist).mean()
+        policy_loss = ppo_policy_loss(log_probs, old_log_probs, adv, cfg.ppo_clip_ratio, weights)
+        value_loss = clipped_value_loss(values, mb["old_values"].reshape(-1), targets, cfg.ppo_clip_value, weights)
+        entropy = (model.entropy(dist) * weights).sum()
         loss = policy_loss + cfg.value_loss_coeff * value_loss - cfg.exploration_loss_coeff * entropy
+        kl = approx_kl(log_probs.detach()[vb], old_log_probs[vb]) if bool(vb.any()) else torch.zeros(())
         stats = {"policy_loss": policy_loss.detach(), "value_loss": value_loss.detach(), "entropy": entropy.detach(),
-                 "kl": approx_kl(log_probs.detach(), old_log_probs), "loss": loss.detach()}
+                 "kl": kl, "loss": loss.detach()}
         return loss, stats
 
     def train(self, batch: Batch, on_sgd_step: Callable[[nn.Module, int], None] | None = None) -> dict[str, float]:
@@ -137,7 +147,8 @@ class Learner:
         Args:
             batch: ``obs`` ``[B, T + 1, *obs_shape]``; ``actions`` ``[B, T(, A)]``; ``log_probs``,
                 ``values``, ``rewards``, ``dones``, ``time_outs`` ``[B, T]`` (behaviour log-probs and
-                values in value-head units, raw rewards, episode ends, time-outs), with ``B`` a multiple of ``num_batches_per_epoch``.
+                values in value-head units, raw rewards, episode ends, time-outs); optionally ``valids``
+                ``[B, T]`` (0: the sample is masked out of the losses and statistics), with ``B`` a multiple of ``num_batches_per_epoch``.
             on_sgd_step: called after each SGD step with the model and the new policy version.
 
         Returns:

@@ -5,8 +5,12 @@ from __future__ import annotations
 import torch
 
 
+def _reduce(per_sample: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    return per_sample.mean() if weights is None else (per_sample * weights).sum()
+
+
 def ppo_policy_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
-                    clip_ratio: float) -> torch.Tensor:
+                    clip_ratio: float, weights: torch.Tensor | None = None) -> torch.Tensor:
     """Clipped surrogate loss (Schulman et al. 2017, "Proximal policy optimization", eq. 7), with
     the ratio clipped to ``[1 / (1 + eps), 1 + eps]`` as Sample Factory does (symmetric in log space),
     not ``[1 - eps, 1 + eps]``.
@@ -15,29 +19,31 @@ def ppo_policy_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advant
 
     Args:
         log_probs: ``[N]`` under the policy being trained. old_log_probs: ``[N]`` of the behaviour
-        policy. advantages: ``[N]``.
+        policy. advantages: ``[N]``. weights: ``[N]`` per-sample weights replacing the mean (masks,
+        and the scaling that makes DDP's average the global mean); None: the mean.
 
     Returns:
         scalar loss.
     """
     ratio = torch.exp(log_probs - old_log_probs)
     clipped = ratio.clamp(1.0 / (1.0 + clip_ratio), 1.0 + clip_ratio)
-    return -torch.min(ratio * advantages, clipped * advantages).mean()
+    return _reduce(-torch.min(ratio * advantages, clipped * advantages), weights)
 
 
 def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, targets: torch.Tensor,
-                       clip_value: float) -> torch.Tensor:
+                       clip_value: float, weights: torch.Tensor | None = None) -> torch.Tensor:
     """Clipped value loss as in Sample Factory and OpenAI baselines' PPO2:
     ``mean(max((v - R)^2, (v_old + clip(v - v_old, -c, c) - R)^2))``.
 
     Args:
-        values, old_values, targets: ``[N]`` (all in the value head's units).
+        values, old_values, targets: ``[N]`` (all in the value head's units). weights: as in
+        :func:`ppo_policy_loss`.
 
     Returns:
         scalar loss (not yet multiplied by ``value_loss_coeff``).
     """
     clipped = old_values + (values - old_values).clamp(-clip_value, clip_value)
-    return torch.max((values - targets).square(), (clipped - targets).square()).mean()
+    return _reduce(torch.max((values - targets).square(), (clipped - targets).square()), weights)
 
 
 def approx_kl(log_probs: torch.Tensor, old_log_probs: torch.Tensor) -> torch.Tensor:
