@@ -70,3 +70,52 @@ def load_latest_checkpoint(exp_dir: str, policy: int = 0, map_location: str = "c
         except Exception as e:  # noqa: BLE001 - any unreadable file: fall back to the previous one
             log.warning("checkpoint %s is unreadable (%s); trying the previous one", path, e)
     return None
+
+
+def snapshot(obj):
+    """A deep copy of a state (nested dicts and lists) with every tensor cloned to the CPU, so that
+    training can go on while the copy is written."""
+    if torch.is_tensor(obj):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: snapshot(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(snapshot(v) for v in obj)
+    return obj
+
+
+class BackgroundCheckpointWriter:
+    """Writes checkpoints in one background thread, so that file I/O never holds up the collectives
+    the other replicas wait in. At most one write is in flight; a failed write is raised at the next
+    :meth:`submit` or at :meth:`flush`.
+
+    Args:
+        exp_dir: the experiment folder. keep: how many newest checkpoints to keep.
+    """
+
+    def __init__(self, exp_dir: str, keep: int):
+        import concurrent.futures
+
+        self.exp_dir, self.keep = exp_dir, keep
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
+        self.pending = None
+
+    def submit(self, state: dict) -> None:
+        """Write ``snapshot(state)`` (taken now, in the caller's thread) in the background."""
+        self.flush()
+        self.pending = self.pool.submit(self._write, snapshot(state))
+
+    def _write(self, state: dict) -> None:
+        log.info("saved %s", save_checkpoint(state, self.exp_dir, self.keep))
+
+    def flush(self) -> None:
+        """Wait for the write in flight; raise its error, if any."""
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            pending.result()
+
+    def close(self) -> None:
+        try:
+            self.flush()
+        finally:
+            self.pool.shutdown(wait=True)

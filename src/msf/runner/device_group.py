@@ -134,11 +134,16 @@ def run_device_group(cfg: Config, spaces: EnvSpaces, rank: RankInfo) -> dict | N
     t0 = time.monotonic()
     try:
         status = loop.run()
-        loop.save()
+        loop.save(wait=True)
     except Exception as e:  # noqa: BLE001 - any failure ends the run with status "failed"
         log.error("run failed: %s", e)
         status = "failed"
     finally:
+        try:
+            loop.writer.close()  # a periodic checkpoint still being written completes: nothing is lost
+        except Exception as e:  # noqa: BLE001
+            log.error("writing a checkpoint failed: %s", e)
+            status = "failed"
         stop_event.set()
         stop_children(ch.procs)
         if tb is not None:

@@ -23,7 +23,7 @@ from msf.distributed.collectives import all_gather_tensor, all_reduce_sum_, chec
 from msf.distributed.topology import RankInfo
 from msf.learning.learner import Learner
 from msf.learning.published_weights import PublishedWeights
-from msf.persistence.checkpoint import save_checkpoint
+from msf.persistence.checkpoint import BackgroundCheckpointWriter
 from msf.persistence.summaries import Progress, TensorBoardSummaries
 from msf.runner.supervision import ChildDied, check_children
 from msf.sampling.messages import ComponentFailure, EpisodeStats, FullTrajectories
@@ -99,6 +99,7 @@ class TrainingLoop:
         self.last_train_stats: dict[str, float] = {}
         self.global_stats: dict[str, Any] = {}
         self.progress = Progress(cfg.train_for_env_steps, cfg.with_progress_bar and rank.is_main, initial=self.frames)
+        self.writer = BackgroundCheckpointWriter(exp_dir, cfg.keep_checkpoints)
 
     @property
     def frames(self) -> int:
@@ -287,11 +288,13 @@ class TrainingLoop:
                 "episode_returns": list(self.c.returns), "episode_lengths": list(self.c.lengths),
                 "dropped_trajectories": self.c.dropped_trajectories}
 
-    def save(self) -> None:
-        """Rank 0 writes a checkpoint; other ranks do nothing."""
+    def save(self, wait: bool = False) -> None:
+        """Rank 0 snapshots the state now and writes it in the background (``wait``: and waits for
+        the file); other ranks do nothing."""
         if self.rank.is_main:
-            path = save_checkpoint(self.checkpoint_state(), self.exp_dir, self.cfg.keep_checkpoints)
-            log.info("saved %s", path)
+            self.writer.submit(self.checkpoint_state())
+            if wait:
+                self.writer.flush()
 
     # --- the loop ------------------------------------------------------------------------------
     def run(self) -> str:
