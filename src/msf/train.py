@@ -51,7 +51,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"msf-train: a device group failed: {last} (details in {os.path.join(exp_dir, 'log.txt')})",
               file=sys.stderr)
         return 1
-    summary = json.loads(open(os.path.join(exp_dir, "summary.json")).read())
+    summary_path = os.path.join(exp_dir, "summary.json")
+    if not os.path.exists(summary_path):
+        print(f"Results in {os.path.abspath(exp_dir)} (nothing was trained: see log.txt)")
+        return 0
+    summary = json.loads(open(summary_path).read())
     rm = summary["episode_return_mean"]
     print(f"Results in {os.path.abspath(exp_dir)}")
     print(f"status {summary['status']} | env frames {summary['env_frames']} | {summary['fps']:.0f} FPS | "

@@ -68,3 +68,8 @@ def test_frameskip_counts_frames_and_resume_continues(train_dir):
     assert 10000 <= s2["env_steps"] < 10000 + 128 + 2 * 32
     assert s2["train_steps"] > s1["train_steps"]
     assert s2["episodes"] > s1["episodes"]
+    # the same command again: the budget is spent, nothing runs, the finished run's summary is kept
+    r = run_msf([*common, "--train_for_env_steps=40000"], timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert read_summary(train_dir, "fs") == s2
+    assert "already spent: nothing to do" in (train_dir / "fs" / "log.txt").read_text()

@@ -116,6 +116,11 @@ def run_device_group(cfg: Config, spaces: EnvSpaces, rank: RankInfo) -> dict | N
         purge_step = counters.env_steps * derived.frameskip
         log.info("resumed from %s at env step %d, policy version %d", state["path"], counters.env_steps,
                  learner.policy_version)
+        if purge_step >= cfg.train_for_env_steps:
+            # every rank reads the same checkpoint, so every rank returns here: nothing to agree on
+            log.info("the budget (--train_for_env_steps=%d) is already spent: nothing to do; the results of the "
+                     "finished run are kept", cfg.train_for_env_steps)
+            return None
     log.info("msf %s | %s | rank %d/%d | device %s | %d rollout workers x %d envs, %d inference workers | %s",
              msf.__version__, cfg.env, rank.rank, rank.world_size, device, group_cfg.num_workers,
              cfg.num_envs_per_worker, cfg.policy_workers_per_policy, exp_dir)
