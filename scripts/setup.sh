@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Creates ./.venv on first use and installs msf into it (editable, with test tools).
+# Creates ./.venv on first use and installs msf into it (editable, with test tools and every optional extra).
 # torch 2.13.0 (the CPU wheel) is installed only when no torch is importable, so an
 # existing CUDA build is kept. Re-runs are cheap: pip runs again only when pyproject.toml changes.
 set -euo pipefail
@@ -18,6 +18,6 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
     "$VENV/bin/pip" install -q torch==2.13.0
   fi
   echo "[setup] installing msf and its dependencies" >&2
-  "$VENV/bin/pip" install -q -e "$ROOT[dev]"
+  "$VENV/bin/pip" install -q -e "$ROOT[dev,all]"
   echo "$WANT" > "$STAMP"
 fi
