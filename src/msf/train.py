@@ -19,7 +19,10 @@ their observations and run the policy, the learner trains on the trajectories th
 shared memory. Flags keep Sample Factory 2's names, meanings and defaults. --batch_size is the
 minibatch of one learner replica: with --nproc_per_node=N device groups (N learner replicas whose
 gradients DDP averages) the effective batch is batch_size x N. Results go to TRAIN_DIR/EXPERIMENT: config.json, checkpoint_p0/,
-tensorboard/, log.txt and, at the end, summary.json. Ctrl-C or SIGTERM stops cleanly with a
+tensorboard/, log.txt and, at the end, summary.json. An existing experiment resumes from its latest checkpoint
+with its saved config; flags given on the command line override it (with a warning), except those that fix the
+model's shape (env, encoder, normalisers), which cannot change; --device and --nproc_per_node are taken anew at
+each launch. Watch the run with tensorboard --logdir TRAIN_DIR, plot it with msf-plot, evaluate it with msf-enjoy. Ctrl-C or SIGTERM stops cleanly with a
 final checkpoint; a second Ctrl-C exits at once. Exit codes: 0 done or stopped, 1 failed,
 2 invalid flags."""
 
@@ -31,7 +34,13 @@ def main(argv: list[str] | None = None) -> int:
         validate(cfg)
         from msf.distributed.launch import resolve
         from msf.envs.registry import env_spaces
+        from msf.runner.experiment import resume_config
 
+        cfg, changes = resume_config(cfg, given)
+        if changes:
+            print(f"msf-train: warning: resuming {cfg.experiment!r} with flags that differ from its saved config: "
+                  + "; ".join(changes), file=sys.stderr)
+            validate(cfg)
         cfg = resolve(cfg, given)
         spaces = env_spaces(cfg.env)
     except ConfigError as e:
@@ -43,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
 
     exp_dir = prepare_experiment_dir(cfg)
     setup_logging(exp_dir)
+    if changes:
+        logging.getLogger("msf").warning("resuming with changed flags: %s", "; ".join(changes))
     try:
         launch(cfg, spaces)
     except Exception as e:  # noqa: BLE001 - a rank died: torch.multiprocessing names it

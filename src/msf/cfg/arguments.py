@@ -64,7 +64,9 @@ def build_parser(prog: str = "msf-train", description: str | None = None) -> arg
         elif hint is float:
             kwargs["type"] = float
         elif hint is list:
-            kwargs.update(type=int, nargs="*")
+            kwargs.update(type=meta["item_type"], nargs="*")
+        elif hint == (str | None):
+            kwargs["type"] = str
         else:
             kwargs["type"] = str
         group.add_argument(f"--{f.name}", **kwargs)
@@ -78,5 +80,9 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
     parser = build_parser(description=description)
     argv = sys.argv[1:] if argv is None else argv
     ns = parser.parse_args(argv)
-    given = {tok[2:].split("=", 1)[0] for tok in argv if tok.startswith("--")} & set(vars(ns))
-    return Config(**vars(ns)), given
+    return Config(**vars(ns)), given_flags(argv, vars(ns))
+
+
+def given_flags(argv: list[str], names) -> set[str]:
+    """The flags of ``names`` that ``argv`` gives explicitly (``--name=value`` or ``--name value``)."""
+    return {tok[2:].split("=", 1)[0] for tok in argv if tok.startswith("--")} & set(names)

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-def _f(default: Any, help: str, group: str, choices: tuple | None = None) -> Any:
-    meta = {"help": help, "group": group, "choices": choices}
+def _f(default: Any, help: str, group: str, choices: tuple | None = None, item_type: type = int) -> Any:
+    meta = {"help": help, "group": group, "choices": choices, "item_type": item_type}
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -127,11 +127,21 @@ class Config:
     train_for_seconds: int = _f(10_000_000_000, "Stop after this many seconds of training", STOPPING)
 
     # --- persistence ---
-    save_every_sec: int = _f(120, "Seconds between checkpoints", PERSISTENCE)
+    save_every_sec: int = _f(120, "Seconds between checkpoints (one is also written at the end and on a clean stop)", PERSISTENCE)
     keep_checkpoints: int = _f(2, "Number of newest checkpoints kept", PERSISTENCE)
+    save_milestones_sec: int = _f(-1, "Keep a checkpoint every this many seconds forever, in checkpoint_p0/milestones (-1: never)", PERSISTENCE)
+    save_best_every_sec: int = _f(5, "Seconds at least between two writes of the best checkpoint", PERSISTENCE)
+    save_best_after: int = _f(100_000, "Keep the best checkpoint (checkpoint_p0/best_*.pth) only after this many env steps (frames with summaries_use_frameskip)", PERSISTENCE)
+    save_best_metric: str = _f("reward", "Metric of the best checkpoint: reward (the mean episode return of the last stats_avg episodes, higher is better)", PERSISTENCE, ("reward",))
     experiment_summaries_interval: int = _f(10, "Seconds between TensorBoard summaries and log status lines", PERSISTENCE)
     stats_avg: int = _f(100, "Episodes averaged in episode_return_mean and the other episode statistics", PERSISTENCE)
     with_progress_bar: bool = _f(True, "Show a progress bar when the console is a terminal", PERSISTENCE)
+    with_wandb: bool = _f(False, "Also log the summaries to Weights & Biases (pip install 'multi-sample-factory[wandb]'; WANDB_MODE=offline works without an account)", PERSISTENCE)
+    wandb_user: str | None = _f(None, "Weights & Biases entity (user or team); default: your default entity", PERSISTENCE)
+    wandb_project: str = _f("multi_sample_factory", "Weights & Biases project", PERSISTENCE)
+    wandb_group: str | None = _f(None, "Weights & Biases group (default: the env's name)", PERSISTENCE)
+    wandb_job_type: str = _f("SF", "Weights & Biases job type", PERSISTENCE)
+    wandb_tags: list = _f([], "Weights & Biases tags (space separated)", PERSISTENCE, item_type=str)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -68,7 +68,7 @@ def validate(cfg: Config) -> None:
         v = getattr(cfg, name)
         _check(v > 0, name, f"must be positive, got {v}")
     for name in ("value_loss_coeff", "exploration_loss_coeff", "max_grad_norm", "max_policy_lag", "save_every_sec",
-                 "experiment_summaries_interval"):
+                 "experiment_summaries_interval", "save_best_every_sec", "save_best_after"):
         v = getattr(cfg, name)
         _check(v >= 0, name, f"must not be negative, got {v}")
     _check(cfg.lr_adaptive_min <= cfg.lr_adaptive_max, "lr_adaptive_min",
@@ -77,6 +77,13 @@ def validate(cfg: Config) -> None:
            f"must be one or more positive layer sizes, got {cfg.encoder_mlp_layers}")
     _check(bool(cfg.experiment) and os.sep not in cfg.experiment, "experiment",
            f"must be a non-empty name without '{os.sep}', got {cfg.experiment!r}")
+    _check(cfg.save_milestones_sec == -1 or cfg.save_milestones_sec >= 1, "save_milestones_sec",
+           f"must be -1 (no milestones) or a positive number of seconds, got {cfg.save_milestones_sec}")
+    if cfg.with_wandb:
+        import importlib.util
+
+        _check(importlib.util.find_spec("wandb") is not None, "with_wandb",
+               "wandb is not installed: pip install 'multi-sample-factory[wandb]' (or pip install wandb)")
     _check_writable(cfg.train_dir)
 
 

@@ -24,7 +24,9 @@ _REGISTRY: dict[str, MakeEnvFn] = {}
 def register_env(name: str, make_env_fn: MakeEnvFn) -> None:
     """Register ``make_env_fn(name, env_config) -> gymnasium.Env`` under ``name``.
 
-    ``env_config`` holds ``worker_index``, ``env_index`` (global index of the env) and ``seed``.
+    ``env_config`` holds ``worker_index``, ``env_index`` (global index of the env) and ``seed``;
+    for ``msf-enjoy`` also ``evaluation`` (True: leave out wrappers meant for training only) and
+    ``render_mode`` (None, ``"rgb_array"`` or ``"human"``).
     The registration must happen at import of a module that the rollout workers also import
     (they are started with ``spawn``); pass ``--env=module:name`` to have it imported.
     """
@@ -50,9 +52,11 @@ def make_env(name: str, env_config: dict[str, Any] | None = None, render_mode: s
     Raises:
         ConfigError: the name is neither registered here nor a gymnasium id.
     """
-    env_config = env_config or {}
+    env_config = dict(env_config or {})
     key, fn = _resolve(name)
     if fn is not None:
+        if render_mode is not None:
+            env_config["render_mode"] = render_mode
         return fn(key, env_config)
     try:
         # the env checker costs ~10 us per step on tiny envs, and runs only on the first steps anyway

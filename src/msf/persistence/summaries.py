@@ -39,25 +39,54 @@ def write_json_atomic(path: str, data: dict) -> None:
 
 
 class TensorBoardSummaries:
-    """Scalars under ``exp_dir/tensorboard``, x-axis in env frames (or env steps).
+    """Scalars under ``exp_dir/tensorboard``, x-axis in env frames (or env steps); with ``--with_wandb``
+    the same scalars also go to Weights & Biases, against the metric ``global_step``.
 
     Args:
-        exp_dir: the experiment folder. purge_step: drop events at or after this step (on resume).
+        exp_dir: the experiment folder. purge_step: drop events at or after this step (on resume),
+            so that the curves of a resumed run have no overlap with those of the run that died.
+        wandb_cfg: the run's config when ``with_wandb`` is on, else None.
     """
 
-    def __init__(self, exp_dir: str, purge_step: int | None = None):
+    def __init__(self, exp_dir: str, purge_step: int | None = None, wandb_cfg=None):
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(os.path.join(exp_dir, "tensorboard"), purge_step=purge_step)
+        self.wandb = _init_wandb(wandb_cfg, exp_dir) if wandb_cfg is not None else None
 
     def add(self, scalars: dict[str, float], step: int) -> None:
         for k, v in scalars.items():
             if v is not None:
                 self.writer.add_scalar(k, v, step)
+        if self.wandb is not None:
+            self.wandb.log({"global_step": step, **{k: v for k, v in scalars.items() if v is not None}})
 
     def close(self) -> None:
         self.writer.flush()
         self.writer.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+def _init_wandb(cfg, exp_dir: str):
+    """Start (or, on resume, continue) the experiment's Weights & Biases run. Its id is kept in
+    ``exp_dir/wandb_id.txt``, so a resumed experiment appends to the same run. ``WANDB_MODE=offline``
+    writes it under ``exp_dir/wandb`` for a later ``wandb sync``."""
+    import wandb
+
+    id_path = os.path.join(exp_dir, "wandb_id.txt")
+    if os.path.exists(id_path):
+        run_id = open(id_path).read().strip()
+    else:
+        run_id = wandb.util.generate_id()
+        with open(id_path, "w") as f:
+            f.write(run_id + "\n")
+    run = wandb.init(project=cfg.wandb_project, entity=cfg.wandb_user, group=cfg.wandb_group or cfg.env,
+                     job_type=cfg.wandb_job_type, tags=list(cfg.wandb_tags) or None, name=cfg.experiment,
+                     id=run_id, resume="allow", dir=exp_dir, config=cfg.to_dict())
+    run.define_metric("global_step")
+    run.define_metric("*", step_metric="global_step")
+    return run
 
 
 class Progress:

@@ -74,7 +74,8 @@ def _start_workers(cfg: Config, derived: Derived, spaces: EnvSpaces, buffer: Tra
     free_queues = [CTX.Queue() for _ in range(cfg.num_workers)]
     P = cfg.policy_workers_per_policy
     pipes = [CTX.Pipe(duplex=True) for _ in range(cfg.num_workers)]
-    inference_stats = [torch.zeros(2, dtype=torch.float64).share_memory_() for _ in range(P)]
+    inference_stats = [torch.zeros(3, dtype=torch.float64).share_memory_() for _ in range(P)]
+    rollout_wait = [torch.zeros(1, dtype=torch.float64).share_memory_() for _ in range(cfg.num_workers)]
     procs = []
     me = os.getpid()
     for i in range(P):
@@ -83,8 +84,8 @@ def _start_workers(cfg: Config, derived: Derived, spaces: EnvSpaces, buffer: Tra
                            conns, weights, device, stop_event, me, inference_stats[i]))
     for w in range(cfg.num_workers):
         procs.append(spawn(rollout_worker_main, f"{prefix}rollout_worker_{w}", failures, cfg, derived, w, buffer,
-                           pipes[w][1], full_queue, free_queues[w], stats_queue, stop_event, me))
-    return Channels(full_queue, free_queues, stats_queue, failures, procs, inference_stats)
+                           pipes[w][1], full_queue, free_queues[w], stats_queue, stop_event, me, rollout_wait[w]))
+    return Channels(full_queue, free_queues, stats_queue, failures, procs, inference_stats, rollout_wait)
 
 
 def run_device_group(cfg: Config, spaces: EnvSpaces, rank: RankInfo) -> dict | None:
@@ -112,7 +113,8 @@ def run_device_group(cfg: Config, spaces: EnvSpaces, rank: RankInfo) -> dict | N
         learner.load_state_dict(state)
         counters = Counters(env_steps=state["env_steps"], episodes=state["episodes"],
                             dropped_trajectories=state["dropped_trajectories"],
-                            returns=state["episode_returns"], lengths=state["episode_lengths"])
+                            returns=state["episode_returns"], lengths=state["episode_lengths"],
+                            best_metric=state.get("best_metric"))
         purge_step = counters.env_steps * derived.frameskip
         log.info("resumed from %s at env step %d, policy version %d", state["path"], counters.env_steps,
                  learner.policy_version)
@@ -129,7 +131,8 @@ def run_device_group(cfg: Config, spaces: EnvSpaces, rank: RankInfo) -> dict | N
     weights = PublishedWeights(learner.model)
     weights.publish(learner.model, learner.policy_version)
     stop_event = CTX.Event()
-    tb = TensorBoardSummaries(exp_dir, purge_step=purge_step) if rank.is_main else None
+    tb = TensorBoardSummaries(exp_dir, purge_step=purge_step, wandb_cfg=cfg if cfg.with_wandb else None) \
+        if rank.is_main else None
     # environments are seeded differently on every rank, so that replicas see different experience
     worker_cfg = dataclasses.replace(group_cfg, seed=cfg.seed + 1_000_003 * rank.rank)
     ch = _start_workers(worker_cfg, derived, spaces, buffer, weights, device, stop_event,

@@ -1,13 +1,16 @@
-"""The experiment folder: ``train_dir/experiment`` and what ``--restart_behavior`` does to it."""
+"""The experiment folder: ``train_dir/experiment``, what ``--restart_behavior`` does to it, and the
+config a resumed experiment runs with."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
 import time
 
 from msf.cfg.config import Config
+from msf.cfg.validation import ConfigError
 from msf.persistence.summaries import write_json_atomic
 
 
@@ -30,3 +33,50 @@ def prepare_experiment_dir(cfg: Config) -> str:
     os.makedirs(d, exist_ok=True)
     write_json_atomic(os.path.join(d, "config.json"), cfg.to_dict())
     return d
+
+
+# Where and how this launch runs, not what the experiment is: always from the current command line
+# (like torchrun's own arguments), so an experiment resumes on another number of device groups.
+LAUNCH_FLAGS = frozenset({"train_dir", "experiment", "restart_behavior", "device", "nproc_per_node", "master_port",
+                          "with_progress_bar"})
+# What the checkpoint's shapes depend on: changing it for an existing experiment is an error.
+FIXED_FLAGS = ("env", "encoder_mlp_layers", "nonlinearity", "actor_critic_share_weights", "normalize_input",
+               "normalize_returns", "num_policies")
+
+
+def resume_config(cfg: Config, given: set[str]) -> tuple[Config, list[str]]:
+    """The config a resumed experiment runs with: its saved ``config.json``, with the flags given on
+    this command line (``given``) on top, and the launch flags (:data:`LAUNCH_FLAGS`) from this command
+    line. Without ``--restart_behavior=resume`` or without a saved config, ``cfg`` as it is.
+
+    Returns:
+        ``(config, changes)``: ``changes`` lists each given flag whose value differs from the saved one,
+        as ``"--name: old -> new"``.
+
+    Raises:
+        ConfigError: a flag of :data:`FIXED_FLAGS` differs from the saved experiment's; the saved
+            config is unreadable.
+    """
+    path = os.path.join(experiment_dir(cfg), "config.json")
+    if cfg.restart_behavior != "resume" or not os.path.exists(path):
+        return cfg, []
+    try:
+        with open(path) as f:
+            saved = Config.from_dict(json.load(f)).to_dict()
+    except (OSError, ValueError, TypeError) as e:
+        raise ConfigError(f"--experiment: the saved config {path} is unreadable ({e}); use "
+                          "--restart_behavior=restart to start anew") from None
+    current = cfg.to_dict()
+    changes = []
+    for name in sorted(given - LAUNCH_FLAGS):
+        if saved[name] == current[name]:
+            continue
+        if name in FIXED_FLAGS:
+            raise ConfigError(f"--{name}: cannot change for the existing experiment {cfg.experiment!r} "
+                              f"(it has {saved[name]!r}, given {current[name]!r}); use --restart_behavior=restart "
+                              "to start it anew, or another --experiment")
+        changes.append(f"--{name}: {saved[name]!r} -> {current[name]!r}")
+        saved[name] = current[name]
+    for name in LAUNCH_FLAGS:
+        saved[name] = current[name]
+    return Config(**saved), changes

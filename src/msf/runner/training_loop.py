@@ -53,13 +53,14 @@ class Channels:
     stats_queue: Any
     failures: Any
     procs: list[Any]
-    inference_stats: list[torch.Tensor]
+    inference_stats: list[torch.Tensor]  # per inference worker: (batches, samples, seconds waiting)
+    rollout_wait: list[torch.Tensor]  # per rollout worker: seconds waiting for actions or a free slot
 
 
 @dataclass
 class Counters:
     """Progress of the run, summed over all replicas: ``env_steps`` counts the agent steps of all
-    trajectories the learners received. ``returns``/``lengths``/``lag`` are this replica's own."""
+    trajectories the learners took out of their buffers (trained on, or dropped as too old). ``returns``/``lengths``/``lag`` are this replica's own."""
 
     env_steps: int = 0
     episodes: int = 0
@@ -67,6 +68,7 @@ class Counters:
     returns: collections.deque = field(default_factory=collections.deque)
     lengths: collections.deque = field(default_factory=collections.deque)
     lag: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    best_metric: float | None = None  # of the best checkpoint so far
 
 
 class TrainingLoop:
@@ -99,7 +101,10 @@ class TrainingLoop:
         self.last_train_stats: dict[str, float] = {}
         self.global_stats: dict[str, Any] = {}
         self.progress = Progress(cfg.train_for_env_steps, cfg.with_progress_bar and rank.is_main, initial=self.frames)
-        self.writer = BackgroundCheckpointWriter(exp_dir, cfg.keep_checkpoints)
+        self.writer = BackgroundCheckpointWriter(exp_dir, cfg.keep_checkpoints, cfg.save_best_metric)
+        self.last_milestone = self.last_best = self.start_time
+        self.learner_wait = 0.0  # seconds the loop spent without a batch to train on
+        self.wait_mark = (self.start_time, *self._wait_totals())
 
     @property
     def frames(self) -> int:
@@ -148,8 +153,6 @@ class TrainingLoop:
             return
         while True:
             self.pending.extend((msg.worker, s) for s in msg.slots)
-            self.delta[0] += len(msg.slots) * self.cfg.rollout
-            self.local_steps += len(msg.slots) * self.cfg.rollout
             try:
                 msg = self.ch.full_queue.get_nowait()
             except queue.Empty:
@@ -163,6 +166,11 @@ class TrainingLoop:
         if not self.pending or need <= 0:
             return
         items = [self.pending.popleft() for _ in range(min(need, len(self.pending)))]
+        # Steps are counted here, when the learner takes them: between two agreements each replica
+        # takes at most one iteration's trajectories, so a run ends less than one global iteration
+        # past its budget.
+        self.delta[0] += len(items) * self.cfg.rollout
+        self.local_steps += len(items) * self.cfg.rollout
         slots = torch.tensor([s for _, s in items], dtype=torch.int64)
         batch = self.buffer.gather(slots)
         by_worker: dict[int, list[int]] = collections.defaultdict(list)
@@ -238,13 +246,29 @@ class TrainingLoop:
         """Mean return of the last ``stats_avg`` episodes of every replica (as of the last summary)."""
         return self.global_stats.get("return_mean")
 
+    def _wait_totals(self) -> tuple[float, float, float]:
+        """Seconds spent waiting so far, summed over this group's rollout workers, inference workers, learner."""
+        return (sum(float(t[0]) for t in self.ch.rollout_wait), sum(float(t[2]) for t in self.ch.inference_stats),
+                self.learner_wait)
+
+    def _wait_shares(self) -> list[float]:
+        """Share of the time since the last call that each stage (rollout, inference, learner) spent
+        waiting, averaged over its processes: rollout workers wait for actions or a free slot, inference
+        workers for observations, the learner for trajectories."""
+        now, totals = time.monotonic(), self._wait_totals()
+        t0, *before = self.wait_mark
+        self.wait_mark = (now, *totals)
+        dt = max(now - t0, 1e-9)
+        counts = (max(len(self.ch.rollout_wait), 1), max(len(self.ch.inference_stats), 1), 1)
+        return [min(1.0, (a - b) / (dt * n)) for a, b, n in zip(totals, before, counts)]
+
     def _gather_stats(self) -> None:
         """Collective: episode statistics, FPS and policy lag of every replica, for rank 0's summaries."""
         n = self.cfg.stats_avg
         ep = torch.full((2, n), float("nan"), dtype=torch.float64)
         ep[0, :len(self.c.returns)] = torch.tensor(list(self.c.returns), dtype=torch.float64)
         ep[1, :len(self.c.lengths)] = torch.tensor(list(self.c.lengths), dtype=torch.float64)
-        per_rank = torch.tensor([self.local_fps(), *self.c.lag], dtype=torch.float64)
+        per_rank = torch.tensor([self.local_fps(), *self.c.lag, *self._wait_shares()], dtype=torch.float64)
         g_ep, g_rank = all_gather_tensor(ep), all_gather_tensor(per_rank)
         returns, lengths = g_ep[:, 0].flatten(), g_ep[:, 1].flatten()
         returns, lengths = returns[~returns.isnan()], lengths[~lengths.isnan()]
@@ -252,8 +276,9 @@ class TrainingLoop:
             "return_mean": float(returns.mean()) if returns.numel() else None,
             "length_mean": float(lengths.mean()) if lengths.numel() else None,
             "fps_per_rank": g_rank[:, 0].tolist(),
-            "lag_per_rank": g_rank[:, 1:].tolist(),
+            "lag_per_rank": g_rank[:, 1:4].tolist(),
             "lag_mean": float(g_rank[:, 2].mean()), "lag_max": float(g_rank[:, 3].max()),
+            "wait_shares": g_rank[:, 4:7].mean(0).tolist(),  # rollout, inference, learner; mean over ranks
         }
 
     def _summaries(self) -> None:
@@ -261,9 +286,12 @@ class TrainingLoop:
         if not self.rank.is_main:
             return
         gs = self.global_stats
-        recent, _ = self.fps()
+        recent, total = self.fps()
         inf = [float(s[1]) / max(float(s[0]), 1.0) for s in self.ch.inference_stats]
-        scalars = {"perf/fps": recent, "perf/dropped_trajectories": self.c.dropped_trajectories,
+        waits = dict(zip(("rollout", "inference", "learner"), gs["wait_shares"]))
+        scalars = {"perf/fps": recent, "perf/fps_since_start": total,
+                   "perf/dropped_trajectories": self.c.dropped_trajectories,
+                   **{f"perf/wait_share_{k}": v for k, v in waits.items()},
                    "perf/inference_batch_size": float(np.mean(inf)) if inf else None,
                    "policy_lag/mean": gs["lag_mean"], "policy_lag/max": gs["lag_max"],
                    "train/policy_version": self.learner.policy_version,
@@ -276,9 +304,22 @@ class TrainingLoop:
         self.tb.add(scalars, self.frames)
         rm = gs["return_mean"]
         per_rank = (" | fps per rank " + " ".join(f"{f:.0f}" for f in gs["fps_per_rank"])) if self.rank.distributed else ""
-        log.info("frames %d | fps %.0f | return_mean %s | policy_lag mean %.1f max %.0f | train_step %d | dropped %d%s",
-                 self.frames, recent, "n/a" if rm is None else f"{rm:.1f}", gs["lag_mean"], gs["lag_max"],
-                 self.learner.train_step, self.c.dropped_trajectories, per_rank)
+        log.info("frames %d | fps %.0f (10 s) %.0f (run) | return_mean %s | policy_lag mean %.1f max %.0f | "
+                 "waiting: rollout %.0f%% inference %.0f%% learner %.0f%% | train_step %d | dropped %d%s",
+                 self.frames, recent, total, "n/a" if rm is None else f"{rm:.1f}", gs["lag_mean"], gs["lag_max"],
+                 *(100 * v for v in waits.values()), self.learner.train_step, self.c.dropped_trajectories, per_rank)
+        self._maybe_save_best()
+
+    def _maybe_save_best(self) -> None:
+        """Rank 0: write the best checkpoint when the mean return (of every replica's last episodes) beats
+        the best so far, after ``save_best_after`` frames and at most every ``save_best_every_sec``."""
+        rm, now = self.global_stats.get("return_mean"), time.monotonic()
+        if rm is None or self.frames < self.cfg.save_best_after or now - self.last_best < self.cfg.save_best_every_sec:
+            return
+        if self.c.best_metric is not None and rm <= self.c.best_metric:
+            return
+        self.c.best_metric, self.last_best = rm, now
+        self.writer.submit(self.checkpoint_state(), best=rm)
 
     def checkpoint_state(self) -> dict:
         """The training state saved in a checkpoint (global: loads on any world size)."""
@@ -286,13 +327,17 @@ class TrainingLoop:
                 "policy_version": self.learner.policy_version, "config": self.cfg.to_dict(),
                 "world_size": self.rank.world_size, "msf_version": msf.__version__,
                 "episode_returns": list(self.c.returns), "episode_lengths": list(self.c.lengths),
-                "dropped_trajectories": self.c.dropped_trajectories}
+                "dropped_trajectories": self.c.dropped_trajectories, "best_metric": self.c.best_metric}
 
     def save(self, wait: bool = False) -> None:
         """Rank 0 snapshots the state now and writes it in the background (``wait``: and waits for
         the file); other ranks do nothing."""
         if self.rank.is_main:
-            self.writer.submit(self.checkpoint_state())
+            now = time.monotonic()
+            milestone = 0 < self.cfg.save_milestones_sec <= now - self.last_milestone
+            if milestone:
+                self.last_milestone = now
+            self.writer.submit(self.checkpoint_state(), milestone=milestone)
             if wait:
                 self.writer.flush()
 
@@ -301,6 +346,7 @@ class TrainingLoop:
         """Loop until done; return the status: "done" or "stopped" (raises on a failure)."""
         last_summary = last_save = time.monotonic()
         while True:
+            pass_start = time.monotonic()
             failure: Exception | None = None
             try:
                 self._poll_children()
@@ -318,6 +364,7 @@ class TrainingLoop:
             now = time.monotonic()
             time_spent = now - self.start_time >= self.cfg.train_for_seconds
             if batch is None and failure is None and self.stop_reason is None and not time_spent:
+                self.learner_wait += time.monotonic() - pass_start
                 continue  # nothing to agree on yet: a replica enters the agreement with a batch, or to stop
             g = self._agree(failure is not None, now, last_summary, last_save)
             if g[_FAILED]:

@@ -35,14 +35,15 @@ class InferenceWorker:
     Args:
         conns: ``{rollout worker index: pipe end}`` of the rollout workers it serves.
         weights: the learner's published weights. device: torch device of the forward pass.
-        stats: shared ``[2]`` float64 tensor this worker adds to: (batches, samples), for summaries.
+        stats: shared ``[3]`` float64 tensor this worker adds to: (batches, samples, seconds spent
+            waiting for requests), for the summaries.
     """
 
     def __init__(self, cfg: Config, derived: Derived, spaces: EnvSpaces, buffer: TrajectoryBuffer,
                  conns: dict[int, Connection], weights: PublishedWeights, device: str, stop_event: Any,
                  parent_pid: int, stats: torch.Tensor):
         self.cfg, self.conns, self.weights, self.stop_event = cfg, conns, weights, stop_event
-        self.parent_pid, self.stats = parent_pid, stats
+        self.parent_pid, self.stats = parent_pid, stats.numpy()  # a view of the shared memory
         self.device = torch.device(device)
         self.eps = derived.envs_per_split
         self.T = cfg.rollout
@@ -79,7 +80,9 @@ class InferenceWorker:
         """Serve requests until the stop event is set or the parent process is gone."""
         conns = list(self.conns.values())
         while not self.stop_event.is_set() and parent_alive(self.parent_pid):
+            t0 = time.monotonic()
             ready = wait(conns, timeout=0.5)
+            self.stats[2] += time.monotonic() - t0
             if not ready:
                 continue
             requests = []

@@ -46,11 +46,15 @@ class RolloutWorker:
         free_queue: where the learner returns this worker's slots once copied out.
         stats_queue: where finished episodes are reported (:class:`EpisodeStats`).
         stop_event: set by the main process to stop.
+        wait_seconds: shared ``[1]`` float64 tensor this worker adds its waiting time to (seconds
+            blocked on actions or on a free slot), for the summaries' share of time spent waiting.
     """
 
     def __init__(self, cfg: Config, derived: Derived, index: int, buffer: TrajectoryBuffer, conn: Connection,
-                 full_queue: Any, free_queue: Any, stats_queue: Any, stop_event: Any, parent_pid: int):
+                 full_queue: Any, free_queue: Any, stats_queue: Any, stop_event: Any, parent_pid: int,
+                 wait_seconds: torch.Tensor):
         self.cfg, self.index, self.conn = cfg, index, conn
+        self.wait_seconds = wait_seconds.numpy()  # a view of the shared memory: cheap to add to
         self.full_queue, self.free_queue, self.stats_queue = full_queue, free_queue, stats_queue
         self.stop_event, self.parent_pid = stop_event, parent_pid
         self.T = cfg.rollout
@@ -78,11 +82,14 @@ class RolloutWorker:
 
     def _take_slot(self) -> int:
         """A free slot of this worker; blocks (back-pressure from the learner) until one is returned."""
-        while not self.free_slots:
-            try:
-                self.free_slots.extend(self.free_queue.get(timeout=0.5))
-            except Exception:  # queue.Empty
-                self._check_stop()
+        if not self.free_slots:
+            t0 = time.monotonic()
+            while not self.free_slots:
+                try:
+                    self.free_slots.extend(self.free_queue.get(timeout=0.5))
+                except Exception:  # queue.Empty
+                    self._check_stop()
+            self.wait_seconds[0] += time.monotonic() - t0
         return self.free_slots.popleft()
 
     def _check_stop(self) -> None:
@@ -151,7 +158,10 @@ class RolloutWorker:
                 self.conn.send_bytes(bytes([split]))
             last_reply = time.monotonic()
             while True:
-                if not self.conn.poll(0.5):
+                t0 = time.monotonic()
+                got = self.conn.poll(0.5)
+                self.wait_seconds[0] += time.monotonic() - t0
+                if not got:
                     self._check_stop()
                     if time.monotonic() - last_reply > ACTION_TIMEOUT_S:
                         raise TimeoutError(f"no actions from the inference worker for {ACTION_TIMEOUT_S:.0f} s")

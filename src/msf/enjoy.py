@@ -1,0 +1,239 @@
+"""``msf-enjoy``: evaluate a trained policy, print its returns, optionally record a video.
+
+Usage: ``msf-enjoy --env=ENV --experiment=NAME [--train_dir=DIR] [--max_num_episodes=10]
+[--eval_deterministic=True] [--save_video=True --video_frames=N --video_name=NAME] [--no_render=True]``
+(also ``python -m msf.enjoy``).
+
+It reads the experiment's saved ``config.json`` (flags given here override it, as for a resumed
+run), builds the same environment as training, except for wrappers meant for training only (the env
+gets ``evaluation=True`` in its ``env_config``), loads the latest (or best) checkpoint, and plays
+episodes with one environment in this process. Each episode's return and length are printed, and
+all of them with their means go to ``TRAIN_DIR/EXPERIMENT/eval.json``. With ``--save_video`` the
+frames (``render_mode="rgb_array"``, no display needed) are written to an mp4 with ffmpeg (the
+``imageio-ffmpeg`` wheel ships it). Exit codes: 0 done, 2 invalid flags, no experiment or no
+checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+
+from msf.cfg.arguments import build_parser, integer, str2bool
+from msf.cfg.config import Config
+from msf.cfg.validation import ConfigError
+
+DESCRIPTION = """Evaluate the policy of TRAIN_DIR/EXPERIMENT: load its latest (or best) checkpoint and its saved
+config (flags given here override it), play --max_num_episodes episodes (or --max_num_frames frames) with the
+training environment minus its training-only wrappers, print each episode's return and length and their
+means, write them to TRAIN_DIR/EXPERIMENT/eval.json; --save_video writes an mp4 (no display needed).
+Exit codes: 0 done, 2 invalid flags, no experiment or no checkpoint."""
+
+EVAL = "evaluation (msf-enjoy)"
+
+
+@dataclasses.dataclass
+class EvalArgs:
+    """The flags of ``msf-enjoy`` beyond the training config (Sample Factory's names)."""
+
+    load_checkpoint_kind: str = "latest"
+    max_num_episodes: int = 10
+    max_num_frames: int = 10**9
+    eval_deterministic: bool = False
+    save_video: bool = False
+    video_frames: int = 10**9
+    video_name: str | None = None
+    no_render: bool = False
+    fps: int = 0
+
+
+def build_enjoy_parser() -> argparse.ArgumentParser:
+    parser = build_parser(prog="msf-enjoy", description=DESCRIPTION)
+    g = parser.add_argument_group(EVAL)
+    g.add_argument("--load_checkpoint_kind", default="latest", choices=("latest", "best"),
+                   help="latest: the newest periodic checkpoint; best: the one with the best --save_best_metric")
+    g.add_argument("--max_num_episodes", type=integer, default=10, help="Episodes to play")
+    g.add_argument("--max_num_frames", type=integer, default=10**9,
+                   help="Stop after this many env frames (env steps x env_frameskip), even within an episode")
+    g.add_argument("--eval_deterministic", type=str2bool, default=False, metavar="True|False",
+                   help="Take the most likely action (the mean of a Gaussian) instead of sampling")
+    g.add_argument("--save_video", type=str2bool, default=False, metavar="True|False",
+                   help="Write the episodes to an mp4 (rendered off-screen, no display needed)")
+    g.add_argument("--video_frames", type=integer, default=10**9, help="Frames written to the video at most")
+    g.add_argument("--video_name", default=None,
+                   help="File name of the video in the experiment folder (default replay.mp4), or a path")
+    g.add_argument("--no_render", type=str2bool, default=False, metavar="True|False", nargs="?", const=True,
+                   help="Do not show the episodes in a window (without a display nothing is shown anyway)")
+    g.add_argument("--fps", type=integer, default=0,
+                   help="Frames per second of the video and of the window (0: the env's render_fps, else 30)")
+    return parser
+
+
+def _load_config(cfg: Config, given: set[str]) -> Config:
+    """The experiment's saved config with the flags in ``given`` on top.
+
+    Raises:
+        ConfigError: no such experiment folder, or an unreadable config.
+    """
+    exp_dir = os.path.join(cfg.train_dir, cfg.experiment)
+    path = os.path.join(exp_dir, "config.json")
+    if not os.path.isdir(exp_dir):
+        raise ConfigError(f"--experiment: no experiment {cfg.experiment!r} in --train_dir={cfg.train_dir!r} "
+                          f"(no folder {exp_dir})")
+    if not os.path.exists(path):
+        return cfg
+    try:
+        with open(path) as f:
+            saved = Config.from_dict(json.load(f)).to_dict()
+    except (OSError, ValueError, TypeError) as e:
+        raise ConfigError(f"--experiment: the saved config {path} is unreadable ({e})") from None
+    current = cfg.to_dict()
+    saved.update({k: current[k] for k in given if k in current})
+    return Config(**saved)
+
+
+def _policy_action(model, obs: np.ndarray, deterministic: bool, bounds) -> np.ndarray:
+    """One action for one observation: sampled, or the most likely one."""
+    with torch.no_grad():
+        params, _ = model(torch.as_tensor(np.asarray(obs, dtype=np.float32))[None])
+        dist = model.distribution(params)
+        a = (dist.mean if model.log_std is not None else params.argmax(-1)) if deterministic else dist.sample()
+    a = a[0].numpy()
+    if bounds is not None:
+        a = np.clip(a, *bounds)
+    return a if model.log_std is not None else int(a)
+
+
+def evaluate(cfg: Config, ev: EvalArgs) -> dict:
+    """Play the episodes; return the content of ``eval.json``.
+
+    Raises:
+        ConfigError: the experiment has no (readable) checkpoint of the kind asked for.
+    """
+    from msf.envs.registry import make_env, spaces_of
+    from msf.model.actor_critic import ActorCritic
+    from msf.persistence.checkpoint import load_latest_checkpoint
+
+    exp_dir = os.path.join(cfg.train_dir, cfg.experiment)
+    state = load_latest_checkpoint(exp_dir, kind=ev.load_checkpoint_kind)
+    if state is None:
+        raise ConfigError(f"--load_checkpoint_kind: no readable {ev.load_checkpoint_kind} checkpoint in "
+                          f"{os.path.join(exp_dir, 'checkpoint_p0')}")
+    render = None
+    if ev.save_video:
+        render = "rgb_array"
+        # off-screen: SDL (pygame, used by gymnasium's classic-control renderers) needs no display then
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+        os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+    elif not ev.no_render and (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+        render = "human"
+    seed = cfg.seed if cfg.seed is not None else 0
+    env = make_env(cfg.env, {"worker_index": 0, "env_index": 0, "seed": seed, "evaluation": True}, render_mode=render)
+    if render is not None:
+        import gymnasium as gym
+
+        try:
+            env.reset(seed=seed)
+            env.render()
+        except gym.error.DependencyNotInstalled as e:
+            env.close()
+            raise ConfigError(f"--save_video: {cfg.env} cannot render here ({e}); or use --no_render") from None
+    model = ActorCritic(cfg, spaces_of(env))
+    model.load_state_dict(state["model"])
+    model.eval()
+    space = env.action_space
+    bounds = (space.low, space.high) if hasattr(space, "low") else None
+    fps = ev.fps or int(env.metadata.get("render_fps") or 30)
+    print(f"msf-enjoy: {cfg.env} | {state['path']} (env steps {state['env_steps']}, policy version "
+          f"{state['policy_version']}) | {'deterministic' if ev.eval_deterministic else 'sampled'} actions")
+    writer, video_path, video_frames = None, None, 0
+    if ev.save_video:
+        import imageio.v2 as imageio
+
+        video_path = ev.video_name or "replay.mp4"
+        if not os.path.dirname(video_path):
+            video_path = os.path.join(exp_dir, video_path)
+        writer = imageio.get_writer(video_path, fps=fps, codec="libx264", macro_block_size=2,
+                                    ffmpeg_log_level="error")
+
+    def record() -> None:
+        nonlocal video_frames
+        if writer is not None and video_frames < ev.video_frames:
+            writer.append_data(np.asarray(env.render(), dtype=np.uint8))
+            video_frames += 1
+
+    episodes, frames, t0 = [], 0, time.monotonic()
+    try:
+        obs, _ = env.reset(seed=seed)
+        record()
+        ret, length = 0.0, 0
+        while len(episodes) < ev.max_num_episodes and frames < ev.max_num_frames:
+            obs, r, term, trunc, _ = env.step(_policy_action(model, obs, ev.eval_deterministic, bounds))
+            ret += float(r)
+            length += 1
+            frames += cfg.env_frameskip
+            if render == "human" and ev.fps:
+                time.sleep(1.0 / ev.fps)
+            if term or trunc:
+                episodes.append({"return": ret, "length": length})
+                print(f"episode {len(episodes)}: return {ret:.2f}, length {length}")
+                ret, length = 0.0, 0
+                if len(episodes) < ev.max_num_episodes:
+                    obs, _ = env.reset()
+            if len(episodes) < ev.max_num_episodes:
+                record()
+    finally:
+        if writer is not None:
+            writer.close()
+        env.close()
+    returns = [e["return"] for e in episodes]
+    lengths = [e["length"] for e in episodes]
+    result = {
+        "env": cfg.env, "experiment": cfg.experiment, "checkpoint": state["path"], "env_steps": state["env_steps"],
+        "policy_version": state["policy_version"], "deterministic": ev.eval_deterministic, "episodes": episodes,
+        "num_episodes": len(episodes), "return_mean": float(np.mean(returns)) if returns else None,
+        "return_std": float(np.std(returns)) if returns else None,
+        "length_mean": float(np.mean(lengths)) if lengths else None, "env_frames": frames,
+        "wall_seconds": time.monotonic() - t0, "video": video_path, "video_frames": video_frames if writer else 0,
+    }
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse, load, play, report; return the exit code."""
+    from msf.cfg.arguments import given_flags
+    from msf.persistence.summaries import write_json_atomic
+
+    parser = build_enjoy_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    ns = vars(parser.parse_args(argv))
+    ev = EvalArgs(**{f.name: ns.pop(f.name) for f in dataclasses.fields(EvalArgs)})
+    cfg = Config(**ns)
+    try:
+        cfg = _load_config(cfg, given_flags(argv, ns))
+        result = evaluate(cfg, ev)
+    except ConfigError as e:
+        print(f"msf-enjoy: error: {e}", file=sys.stderr)
+        return 2
+    exp_dir = os.path.join(cfg.train_dir, cfg.experiment)
+    write_json_atomic(os.path.join(exp_dir, "eval.json"), result)
+    if result["return_mean"] is None:
+        print(f"no episode ended within --max_num_frames={ev.max_num_frames}")
+    else:
+        print(f"{result['num_episodes']} episodes: return mean {result['return_mean']:.2f} "
+              f"(std {result['return_std']:.2f}), length mean {result['length_mean']:.1f}")
+    if result["video"]:
+        print(f"video: {result['video']} ({result['video_frames']} frames)")
+    print(f"results in {os.path.join(exp_dir, 'eval.json')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
