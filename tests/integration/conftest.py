@@ -53,3 +53,19 @@ def wait_until_training(exp_dir: Path, timeout: float = 60.0) -> None:
 @pytest.fixture
 def train_dir(tmp_path: Path) -> Path:
     return tmp_path / "train_dir"
+
+
+TRAINED_STEPS = 300_000
+
+
+@pytest.fixture(scope="session")
+def trained_cartpole(tmp_path_factory) -> Path:
+    """One CartPole-v1 run of 300k steps with the small-env settings (seed 0), trained once for the
+    tests that check it, evaluate it and plot it; best checkpoints kept from the start. Returns the
+    experiment folder."""
+    train_dir = tmp_path_factory.mktemp("trained") / "train_dir"
+    r = run_msf(["--env=CartPole-v1", "--experiment=cartpole_s0", f"--train_dir={train_dir}", "--seed=0",
+                 f"--train_for_env_steps={TRAINED_STEPS}", "--save_best_after=0", "--save_best_every_sec=0",
+                 "--experiment_summaries_interval=2", *SMALL_ENV_FLAGS], timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return train_dir / "cartpole_s0"

@@ -68,3 +68,45 @@ def test_derived_values():
     assert cfg.num_workers * (d.slots_per_worker - cfg.num_envs_per_worker) >= 2 * d.trajectories_per_iteration
     assert Derived.of(Config(env_frameskip=4)).frameskip == 4
     assert Derived.of(Config(env_frameskip=4, summaries_use_frameskip=False)).frameskip == 1
+
+
+def _saved_experiment(tmp_path, **changes):
+    import json
+
+    saved = Config(train_dir=str(tmp_path), experiment="e", **changes)
+    (tmp_path / "e").mkdir()
+    (tmp_path / "e" / "config.json").write_text(json.dumps(saved.to_dict()))
+    return saved
+
+
+def test_resume_takes_the_saved_config_with_given_flags_on_top(tmp_path):
+    from msf.runner.experiment import resume_config
+
+    _saved_experiment(tmp_path, learning_rate=3e-4, batch_size=512, nproc_per_node=2, master_port=4000, seed=7)
+    cfg, given = parse_args([f"--train_dir={tmp_path}", "--experiment=e", "--learning_rate=1e-3", "--batch_size=512"])
+    merged, changes = resume_config(cfg, given)
+    assert merged.learning_rate == 1e-3  # given: overrides
+    assert merged.batch_size == 512 and merged.seed == 7  # saved, not the defaults
+    assert merged.nproc_per_node is None and merged.master_port == 0  # launch flags: from this command line
+    assert changes == ["--learning_rate: 0.0003 -> 0.001"]  # batch_size was given but did not change
+
+
+@pytest.mark.parametrize("argv, flag", [(["--env=Pendulum-v1"], "env"), (["--encoder_mlp_layers", "64"], "encoder_mlp_layers"),
+                                        (["--normalize_input=False"], "normalize_input")])
+def test_resume_refuses_flags_that_fix_the_model(tmp_path, argv, flag):
+    from msf.runner.experiment import resume_config
+
+    _saved_experiment(tmp_path)
+    cfg, given = parse_args([f"--train_dir={tmp_path}", "--experiment=e", *argv])
+    with pytest.raises(ConfigError, match=f"^--{flag}: cannot change for the existing experiment 'e'"):
+        resume_config(cfg, given)
+
+
+def test_restart_and_new_experiments_ignore_saved_configs(tmp_path):
+    from msf.runner.experiment import resume_config
+
+    _saved_experiment(tmp_path, learning_rate=3e-4)
+    cfg, given = parse_args([f"--train_dir={tmp_path}", "--experiment=e", "--restart_behavior=restart"])
+    assert resume_config(cfg, given) == (cfg, [])
+    cfg, given = parse_args([f"--train_dir={tmp_path}", "--experiment=other"])
+    assert resume_config(cfg, given) == (cfg, [])

@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 import tempfile
+import uuid
 
 log = logging.getLogger("msf")
 
@@ -78,7 +79,7 @@ def _init_wandb(cfg, exp_dir: str):
     if os.path.exists(id_path):
         run_id = open(id_path).read().strip()
     else:
-        run_id = wandb.util.generate_id()
+        run_id = uuid.uuid4().hex[:12]
         with open(id_path, "w") as f:
             f.write(run_id + "\n")
     run = wandb.init(project=cfg.wandb_project, entity=cfg.wandb_user, group=cfg.wandb_group or cfg.env,

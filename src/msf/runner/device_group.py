@@ -115,10 +115,12 @@ def run_device_group(cfg: Config, spaces: EnvSpaces, rank: RankInfo) -> dict | N
                             dropped_trajectories=state["dropped_trajectories"],
                             returns=state["episode_returns"], lengths=state["episode_lengths"],
                             best_metric=state.get("best_metric"))
-        purge_step = counters.env_steps * derived.frameskip
+        # the curves resume after the checkpoint's point, which the run that stopped there wrote last
+        # (a run that died later wrote more: those events are dropped from the curves)
+        purge_step = counters.env_steps * derived.frameskip + 1
         log.info("resumed from %s at env step %d, policy version %d", state["path"], counters.env_steps,
                  learner.policy_version)
-        if purge_step >= cfg.train_for_env_steps:
+        if counters.env_steps * derived.frameskip >= cfg.train_for_env_steps:
             # every rank reads the same checkpoint, so every rank returns here: nothing to agree on
             log.info("the budget (--train_for_env_steps=%d) is already spent: nothing to do; the results of the "
                      "finished run are kept", cfg.train_for_env_steps)
