@@ -119,7 +119,11 @@ class Config:
         DISTRIBUTED,
     )
     dist_timeout: int = _f(300, "Seconds a replica waits for the others (joining, and in every collective) before the job fails", DISTRIBUTED)
-    master_port: int = _f(0, "TCP port of the rendezvous on 127.0.0.1 (0: pick a free one)", DISTRIBUTED)
+    nnodes: int = _f(1, "Nodes (machines) in the job; world size = nnodes x nproc_per_node. Under torchrun or inside a Slurm allocation it is read from their environment", DISTRIBUTED)
+    node_rank: int = _f(0, "This node's index in [0, nnodes): rank = node_rank x nproc_per_node + local_rank", DISTRIBUTED)
+    hosts: str | None = _f(None, "Comma-separated host names or addresses of the nodes, in node-rank order (a static rendezvous): the first one hosts the rendezvous and rank 0. Needs --nnodes=len(hosts)", DISTRIBUTED)
+    master_port: int = _f(0, "TCP port of the rendezvous, on the first host (one node: 127.0.0.1); 0: 29500 with several nodes, a free port on one node", DISTRIBUTED)
+    max_restarts: int = _f(0, "After a failure, restart the job's device groups from the last checkpoint up to this many times (torchrun's meaning)", DISTRIBUTED)
     ddp_check_interval: int = _f(100, "Iterations between checksums of every replica's parameters, optimiser state and normalisers (0: only at start-up)", DISTRIBUTED)
 
     # --- stopping ---
