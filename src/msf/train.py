@@ -36,32 +36,49 @@ def main(argv: list[str] | None = None) -> int:
         from msf.envs.registry import env_spaces
         from msf.runner.experiment import resume_config
 
+        from msf.distributed.nodes import discover, validate_node_flags
+
+        validate_node_flags(cfg)
+        plan = discover(cfg, given)
         cfg, changes = resume_config(cfg, given)
-        if changes:
+        if changes and plan.node_rank == 0 and not plan.local_rank:
             print(f"msf-train: warning: resuming {cfg.experiment!r} with flags that differ from its saved config: "
                   + "; ".join(changes), file=sys.stderr)
+        if changes:
             validate(cfg)
-        cfg = resolve(cfg, given)
+        cfg = resolve(cfg, given, plan)
         spaces = env_spaces(cfg.env)
     except ConfigError as e:
         print(f"msf-train: error: {e}", file=sys.stderr)
         return 2
-    from msf.distributed.launch import launch
+    from msf.distributed.launch import JoinRefused, launch
     from msf.persistence.summaries import setup_logging
-    from msf.runner.experiment import prepare_experiment_dir
+    from msf.runner.experiment import prepare_experiment_dir, wait_for_experiment_dir
 
-    exp_dir = prepare_experiment_dir(cfg)
-    setup_logging(exp_dir)
+    if plan.launcher == "local" or plan.local_rank == 0:
+        exp_dir = prepare_experiment_dir(cfg)  # one process per node: no shared file system is assumed
+    else:
+        exp_dir = wait_for_experiment_dir(cfg)  # the node's local rank 0 prepares it
+    setup_logging(exp_dir, rank=plan.rank)
     if changes:
         logging.getLogger("msf").warning("resuming with changed flags: %s", "; ".join(changes))
     try:
-        launch(cfg, spaces)
+        launch(cfg, spaces, plan)
+    except JoinRefused as e:
+        logging.getLogger("msf").error("%s", e)
+        print(f"msf-train: error: {e}", file=sys.stderr)
+        return 2
     except Exception as e:  # noqa: BLE001 - a rank died: torch.multiprocessing names it
         logging.getLogger("msf").error("a device group failed: %s", e)
         last = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         print(f"msf-train: a device group failed: {last} (details in {os.path.join(exp_dir, 'log.txt')})",
               file=sys.stderr)
         return 1
+    holds_rank0 = plan.rank == 0 if plan.launcher != "local" else plan.node_rank == 0
+    if not holds_rank0:
+        print(f"Done: rank 0 (node 0{', ' + plan.hosts[0] if plan.hosts else ''}) holds the checkpoints and "
+              f"summary.json; this node's log is {os.path.join(os.path.abspath(exp_dir), 'log.txt')}")
+        return 0
     summary_path = os.path.join(exp_dir, "summary.json")
     if not os.path.exists(summary_path):
         print(f"Results in {os.path.abspath(exp_dir)} (nothing was trained: see log.txt)")

@@ -105,3 +105,39 @@ def all_gather_tensor(t: torch.Tensor) -> torch.Tensor:
     out = [torch.zeros_like(local) for _ in range(dist.get_world_size())]
     dist.all_gather(out, local)
     return torch.stack(out).to(t.device)
+
+
+def load_newest_state(state: dict | None) -> dict | None:
+    """Collective: every rank passes the checkpoint it found on its own disk (or None); all return the
+    newest of them (most env steps; the lowest rank on a tie), sent by the rank that holds it. So a
+    resumed job needs no shared file system, and a rank 0 on another node still resumes.
+
+    The state travels as the bytes of ``torch.save`` and is read back with ``weights_only=True``,
+    the same safe path as a file.
+    """
+    import io
+
+    steps = torch.tensor([float(state["env_steps"]) if state is not None else -1.0], dtype=torch.float64)
+    all_steps = all_gather_tensor(steps).flatten()
+    src = int(torch.argmax(all_steps))  # the first maximum
+    if float(all_steps[src]) < 0:
+        return None
+    dev = torch.device("cuda") if dist.get_backend() == "nccl" else torch.device("cpu")
+    if dist.get_rank() == src:
+        buf = io.BytesIO()
+        torch.save({k: v for k, v in state.items() if k != "path"}, buf)
+        payload = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+        size = torch.tensor([payload.numel()], dtype=torch.int64)
+    else:
+        size = torch.zeros(1, dtype=torch.int64)
+    size = size.to(dev)
+    dist.broadcast(size, src)
+    if dist.get_rank() != src:
+        payload = torch.empty(int(size), dtype=torch.uint8)
+    data = payload.to(dev)
+    dist.broadcast(data, src)
+    if dist.get_rank() == src:
+        return state
+    out = torch.load(io.BytesIO(data.cpu().numpy().tobytes()), map_location="cpu", weights_only=True)
+    out["path"] = f"rank {src}'s checkpoint (env steps {int(all_steps[src])})"
+    return out

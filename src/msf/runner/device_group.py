@@ -29,7 +29,7 @@ import torch
 
 import msf
 from msf.cfg.config import Config, Derived
-from msf.distributed.collectives import check_replicas_identical, learner_state_tensors
+from msf.distributed.collectives import check_replicas_identical, learner_state_tensors, load_newest_state
 from msf.distributed.launch import rank_config
 from msf.distributed.topology import RankInfo
 from msf.envs.registry import EnvSpaces
@@ -45,6 +45,10 @@ from msf.sampling.rollout_worker import rollout_worker_main
 from msf.sampling.trajectory_buffer import TrajectoryBuffer
 
 log = logging.getLogger("msf")
+
+
+class RunFailed(RuntimeError):
+    """The run ended with ``status: failed`` (the cause is in the message and in the log)."""
 
 
 class _SignalHandler:
@@ -93,8 +97,9 @@ def run_device_group(cfg: Config, spaces: EnvSpaces, rank: RankInfo) -> dict | N
 
     ``cfg`` is the node's resolved config (see :func:`msf.distributed.launch.resolve`); this
     group runs its share of the rollout workers. The process group, if any, is already
-    initialised. A failed run raises nothing: the failure is logged with its traceback and the
-    summary's ``status`` is ``"failed"``; the last checkpoint is left as it was.
+    initialised. A failed run is logged with its traceback, its summary's ``status`` is
+    ``"failed"``, the last checkpoint is left as it was, and then :class:`RunFailed` is raised on
+    every rank (so that every node's launcher sees the failure and may restart).
     """
     group_cfg = rank_config(cfg, rank)
     derived = Derived.of(group_cfg)
@@ -109,6 +114,9 @@ def run_device_group(cfg: Config, spaces: EnvSpaces, rank: RankInfo) -> dict | N
     counters = Counters()
     purge_step = None
     state = load_latest_checkpoint(exp_dir) if cfg.restart_behavior == "resume" else None
+    if rank.distributed:
+        # no shared file system needed: the rank with the newest checkpoint sends it to the others
+        state = load_newest_state(state)
     if state is not None:
         learner.load_state_dict(state)
         counters = Counters(env_steps=state["env_steps"], episodes=state["episodes"],
@@ -142,18 +150,19 @@ def run_device_group(cfg: Config, spaces: EnvSpaces, rank: RankInfo) -> dict | N
     loop = TrainingLoop(cfg, derived, learner, buffer, weights, ch, exp_dir, counters, tb, rank)
     signals = _SignalHandler(loop)
     t0 = time.monotonic()
+    error: Exception | None = None
     try:
         status = loop.run()
         loop.save(wait=True)
     except Exception as e:  # noqa: BLE001 - any failure ends the run with status "failed"
         log.error("run failed: %s", e)
-        status = "failed"
+        status, error = "failed", e
     finally:
         try:
             loop.writer.close()  # a periodic checkpoint still being written completes: nothing is lost
         except Exception as e:  # noqa: BLE001
             log.error("writing a checkpoint failed: %s", e)
-            status = "failed"
+            status, error = "failed", error or e
         stop_event.set()
         stop_children(ch.procs)
         if tb is not None:
@@ -164,6 +173,8 @@ def run_device_group(cfg: Config, spaces: EnvSpaces, rank: RankInfo) -> dict | N
         write_json_atomic(os.path.join(exp_dir, "summary.json"), summary)
     # only now: a second Ctrl-C during the teardown above must still exit at once
     signals.restore()
+    if status == "failed":
+        raise RunFailed(str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__) from error
     return summary
 
 

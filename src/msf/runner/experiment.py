@@ -35,6 +35,24 @@ def prepare_experiment_dir(cfg: Config) -> str:
     return d
 
 
+def wait_for_experiment_dir(cfg: Config, recent_s: float = 10.0) -> str:
+    """For the other ranks of a node whose local rank 0 prepares the folder (one process per rank, as
+    under torchrun): wait until it has written ``config.json`` anew, at most ``--dist_timeout`` seconds.
+
+    Raises:
+        RuntimeError: it did not appear in time.
+    """
+    d = experiment_dir(cfg)
+    path = os.path.join(d, "config.json")
+    start = time.time()
+    while time.time() - start < cfg.dist_timeout:
+        if os.path.exists(path) and os.path.getmtime(path) >= start - recent_s:
+            return d
+        time.sleep(0.1)
+    raise RuntimeError(f"the experiment folder {d} was not prepared by this node's local rank 0 within "
+                       f"--dist_timeout={cfg.dist_timeout} s")
+
+
 # Where and how this launch runs, not what the experiment is: always from the current command line
 # (like torchrun's own arguments), so an experiment resumes on another number of device groups.
 LAUNCH_FLAGS = frozenset({"train_dir", "experiment", "restart_behavior", "device", "nproc_per_node", "master_port",
