@@ -23,8 +23,9 @@ def msf_env() -> dict:
 
 def run_msf(args: list[str], timeout: float, **kw) -> subprocess.CompletedProcess:
     """Run ``python -m msf.train ARGS``; a hang fails the test after ``timeout`` seconds."""
+    env = kw.pop("env", None) or msf_env()
     return subprocess.run([sys.executable, "-m", "msf.train", "--device=cpu", "--with_progress_bar=False", *args],
-                          capture_output=True, text=True, timeout=timeout, env=msf_env(), **kw)
+                          capture_output=True, text=True, timeout=timeout, env=env, **kw)
 
 
 def popen_msf(args: list[str], **kw) -> subprocess.Popen:
