@@ -242,12 +242,13 @@ def _fingerprint(cfg: Config) -> dict:
     return {k: v for k, v in d.items() if k not in PER_NODE_FLAGS or k == "seed"}
 
 
-def _wait(store: Any, keys: list[str], deadline: float) -> bool:
+def _wait(store: Any, keys: list[str], deadline: float, rank: RankInfo) -> bool:
     """Wait until ``keys`` exist in ``store`` (True) or ``deadline`` passes (False); raise when a rank
     aborted the join (the abort's message is the error)."""
     while True:
         if store.check(["abort"]):
             code, _, msg = store.get("abort").decode().partition("|")
+            _linger(store, rank)
             raise (JoinRefused if code == "2" else RuntimeError)(msg)
         if store.check(keys):
             return True
@@ -258,9 +259,22 @@ def _wait(store: Any, keys: list[str], deadline: float) -> bool:
 
 def _abort(store: Any, rank: RankInfo, error: Exception) -> None:
     store.set("abort", f"{2 if isinstance(error, JoinRefused) else 1}|{error}")
-    if rank.is_main:
-        time.sleep(1.5)  # rank 0 hosts the store: keep it up while the others read the abort
+    _linger(store, rank)
     raise error
+
+
+def _linger(store: Any, rank: RankInfo, limit_s: float = 10.0) -> None:
+    """After an abort: other ranks count themselves in ``abort_seen``; rank 0, which hosts the store,
+    keeps it up until every process that claimed a rank has read the abort (at most ``limit_s``)."""
+    if not rank.is_main:
+        store.add("abort_seen", 1)
+        return
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        claimed = sum(store.add(f"claim/{r}", 0) for r in range(rank.world_size))
+        if store.add("abort_seen", 0) >= claimed - 1:
+            return
+        time.sleep(0.1)
 
 
 def _join(rank: RankInfo, cfg: Config, plan: NodePlan, attempt: int) -> tuple[Any, Config]:
@@ -304,7 +318,7 @@ def _join(rank: RankInfo, cfg: Config, plan: NodePlan, attempt: int) -> tuple[An
     mine = _fingerprint(cfg)
     store.set(f"config/{rank.rank}", json.dumps(mine))
     if not rank.is_main:
-        if not _wait(store, ["config/0"], deadline):
+        if not _wait(store, ["config/0"], deadline, rank):
             raise RuntimeError(f"rank 0 ({plan.host_of(0, cfg.nproc_per_node)}) did not join {where} within "
                                f"--dist_timeout={cfg.dist_timeout} s")
         ref = json.loads(store.get("config/0"))
@@ -317,7 +331,7 @@ def _join(rank: RankInfo, cfg: Config, plan: NodePlan, attempt: int) -> tuple[An
         cfg = dataclasses.replace(cfg, seed=ref["seed"])
     store.set(f"arrived/{rank.rank}", "1")
     keys = [f"arrived/{r}" for r in range(rank.world_size)]
-    if not _wait(store, keys, deadline):
+    if not _wait(store, keys, deadline, rank):
         missing = [r for r in range(rank.world_size) if not store.check([f"arrived/{r}"])]
         nodes = sorted({r // rank.nproc_per_node for r in missing})
         if rank.nnodes == 1:
