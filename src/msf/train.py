@@ -22,7 +22,10 @@ gradients DDP averages) the effective batch is batch_size x N. Results go to TRA
 tensorboard/, log.txt and, at the end, summary.json. An existing experiment resumes from its latest checkpoint
 with its saved config; flags given on the command line override it (with a warning), except those that fix the
 model's shape (env, encoder, normalisers), which cannot change; --device and --nproc_per_node are taken anew at
-each launch. Watch the run with tensorboard --logdir TRAIN_DIR, plot it with msf-plot, evaluate it with msf-enjoy. Ctrl-C or SIGTERM stops cleanly with a
+each launch. Several nodes: --nnodes/--node_rank/--hosts on every node, or run under torchrun, or
+srun inside a Slurm allocation (torch.distributed traffic is unauthenticated: keep it on a trusted
+network). Watch the run with tensorboard --logdir TRAIN_DIR, plot it with msf-plot, evaluate it with
+msf-enjoy. Ctrl-C or SIGTERM stops cleanly with a
 final checkpoint; a second Ctrl-C exits at once. Exit codes: 0 done or stopped, 1 failed,
 2 invalid flags."""
 
