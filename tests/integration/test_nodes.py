@@ -276,3 +276,21 @@ def test_two_nodes_in_two_network_namespaces_over_a_veth_pair(train_dir):
     finally:
         for n in ns:
             subprocess.run(["ip", "netns", "del", n], capture_output=True)
+
+
+@pytest.mark.slow
+def test_two_nodes_restart_together_after_a_failure(train_dir, tmp_path):
+    port = free_port()
+    env = {"MSF_TEST_FAIL_ONCE_MARKER": str(tmp_path / "failed_once"), "MSF_TEST_FAIL_AFTER_S": "4"}
+    args = ["--env=msf_test_envs:MsfFailOnceCartPole-v0", *SMALL, "--train_for_env_steps=40000", "--save_every_sec=1",
+            "--max_restarts=1", "--dist_timeout=60"]
+    n0 = start(node_args(train_dir, 0, "rs2", port, args), env=env)
+    n1 = start(node_args(train_dir, 1, "rs2", port, args), env=env)
+    (r0, _, e0), (r1, _, e1) = finish(n0, n1, timeout=240)
+    assert (r0, r1) == (0, 0), (e0[-2000:], e1[-2000:])
+    assert (tmp_path / "failed_once").exists()
+    for node in range(2):
+        log = (train_dir / f"node{node}" / "rs2" / "log.txt").read_text()
+        assert "restart 1 of --max_restarts=1" in log and "resumed from" in log
+    s = read_summary(train_dir / "node0", "rs2")
+    assert s["status"] == "done" and s["world_size"] == 2 and s["env_steps"] >= 40000
