@@ -99,16 +99,16 @@ def _load_config(cfg: Config, given: set[str]) -> Config:
     return Config(**saved)
 
 
-def _policy_action(model, obs: np.ndarray, deterministic: bool, bounds) -> np.ndarray:
-    """One action for one observation: sampled, or the most likely one."""
+def _policy_action(model, obs: np.ndarray, deterministic: bool, bounds, state: torch.Tensor | None):
+    """One action for one observation, sampled or the most likely one; and the core's next state."""
     with torch.no_grad():
-        params, _ = model(torch.as_tensor(np.asarray(obs, dtype=np.float32))[None])
+        params, _, state = model.forward_with_states(torch.as_tensor(np.asarray(obs))[None], state)
         dist = model.distribution(params)
         a = (dist.mean if model.log_std is not None else params.argmax(-1)) if deterministic else dist.sample()
     a = a[0].numpy()
     if bounds is not None:
         a = np.clip(a, *bounds)
-    return a if model.log_std is not None else int(a)
+    return (a if model.log_std is not None else int(a)), state
 
 
 def evaluate(cfg: Config, ev: EvalArgs) -> dict:
@@ -174,8 +174,10 @@ def evaluate(cfg: Config, ev: EvalArgs) -> dict:
         obs, _ = env.reset(seed=seed)
         record()
         ret, length = 0.0, 0
+        state = None  # the recurrent core's state (zeros at each episode start)
         while len(episodes) < ev.max_num_episodes and frames < ev.max_num_frames:
-            obs, r, term, trunc, _ = env.step(_policy_action(model, obs, ev.eval_deterministic, bounds))
+            action, state = _policy_action(model, obs, ev.eval_deterministic, bounds, state)
+            obs, r, term, trunc, _ = env.step(action)
             ret += float(r)
             length += 1
             frames += cfg.env_frameskip
@@ -184,7 +186,7 @@ def evaluate(cfg: Config, ev: EvalArgs) -> dict:
             if term or trunc:
                 episodes.append({"return": ret, "length": length})
                 print(f"episode {len(episodes)}: return {ret:.2f}, length {length}")
-                ret, length = 0.0, 0
+                ret, length, state = 0.0, 0, None
                 if len(episodes) < ev.max_num_episodes:
                     obs, _ = env.reset()
             if len(episodes) < ev.max_num_episodes:

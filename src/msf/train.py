@@ -43,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
 
         validate_node_flags(cfg)
         plan = discover(cfg, given)
+        if plan.launcher != "local" and cfg.max_restarts > 0:
+            raise ConfigError(f"--max_restarts: this process is one rank started by {plan.source}, which restarts "
+                              "it: use torchrun's --max_restarts (or Slurm's --requeue) instead")
         cfg, changes = resume_config(cfg, given)
         if changes and plan.node_rank == 0 and not plan.local_rank:
             print(f"msf-train: warning: resuming {cfg.experiment!r} with flags that differ from its saved config: "

@@ -10,6 +10,7 @@ import os
 import time
 
 import gymnasium as gym
+import numpy as np
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
 
@@ -53,3 +54,41 @@ class FailOnceCartPole(CartPoleEnv):
 
 
 gym.register("MsfFailOnceCartPole-v0", entry_point=FailOnceCartPole, max_episode_steps=500)
+
+
+class CueMemory(gym.Env):
+    """A memory task: the first observation shows one of two cues, then ``delay`` (default 8)
+    observations carry nothing, then a query observation asks which cue it was. The action taken at
+    the query is rewarded 1 when it names the cue, else 0, and the episode ends; actions before it are
+    ignored. A policy without memory can only guess (an expected return of 0.5).
+
+    Observations: ``[cue_0, cue_1, query]`` float32. Actions: Discrete(2).
+    """
+
+    def __init__(self, delay: int = 8):
+        self.delay = delay
+        self.observation_space = gym.spaces.Box(0.0, 1.0, (3,), dtype=np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.t, self.cue = 0, 0
+
+    def _obs(self):
+        o = np.zeros(3, dtype=np.float32)
+        if self.t == 0:
+            o[self.cue] = 1.0
+        elif self.t == self.delay + 1:
+            o[2] = 1.0
+        return o
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t, self.cue = 0, int(self.np_random.integers(2))
+        return self._obs(), {}
+
+    def step(self, action):
+        if self.t == self.delay + 1:
+            return self._obs(), float(int(action) == self.cue), True, False, {}
+        self.t += 1
+        return self._obs(), 0.0, False, False, {}
+
+
+gym.register("MsfCueMemory-v0", entry_point=CueMemory)

@@ -22,7 +22,7 @@ def test_act_matches_distribution_path():
     for discrete in (True, False):
         model = _model(discrete)
         obs = torch.randn(64, 4)
-        actions, log_probs, values = model.act(obs)
+        actions, log_probs, values, _ = model.act(obs)
         out = model.evaluate(obs)
         assert actions.shape == ((64,) if discrete else (64, 3))
         torch.testing.assert_close(log_probs, model.log_prob(out.dist, actions))
@@ -32,7 +32,7 @@ def test_act_matches_distribution_path():
 def test_act_samples_from_the_softmax():
     model = _model(True)
     obs = torch.zeros(1, 4).expand(40000, 4).contiguous()
-    actions, _, _ = model.act(obs)
+    actions, _, _, _ = model.act(obs)
     probs = torch.softmax(model.action_head(model.actor_encoder(model.normalize_obs(obs[:1]))), -1)[0]
     freq = torch.bincount(actions, minlength=3).double() / len(actions)
     torch.testing.assert_close(freq, probs.double().detach(), atol=0.01, rtol=0)

@@ -61,7 +61,7 @@ class Config:
     )
     policy_workers_per_policy: int = _f(1, "Inference worker processes per policy; rollout workers are assigned to them round-robin", SAMPLING)
     rollout: int = _f(32, "Length of the trajectories written to the trajectory buffer, in env steps", SAMPLING)
-    recurrence: int = _f(-1, "Length of the sequences the learner trains on; -1 means 1 (no recurrent core yet). Must divide rollout", SAMPLING)
+    recurrence: int = _f(-1, "Length of the sequences the learner re-runs the recurrent core over (backpropagation through time); -1: rollout with --use_rnn, else 1. Must divide rollout", SAMPLING)
     max_policy_lag: int = _f(1000, "Trajectories whose oldest action is more than this many policy versions old are dropped (and counted)", SAMPLING)
     env_frameskip: int = _f(1, "Frames covered by one env step, for counting env frames (gymnasium envs: 1)", SAMPLING)
     summaries_use_frameskip: bool = _f(True, "Count env frames (steps x frameskip) in the step budget, the curves' x-axis and FPS", SAMPLING)
@@ -103,6 +103,17 @@ class Config:
 
     # --- model ---
     encoder_mlp_layers: list = _f([512, 512], "Hidden layer sizes of the MLP encoder for vector observations", MODEL)
+    encoder_conv_architecture: str = _f(
+        "convnet_simple",
+        "Convolutional encoder for image observations (uint8, 3-D; the smallest dimension is the channels): "
+        "convnet_simple (32 8x8/4, 64 4x4/2, 128 3x3/2), convnet_atari (the Nature DQN: 32 8x8/4, 64 4x4/2, "
+        "64 3x3/1), resnet_impala (the IMPALA residual network: 16, 32, 32 channels, works on small images)",
+        MODEL, ("convnet_simple", "convnet_atari", "resnet_impala"))
+    encoder_conv_mlp_layers: list = _f([512], "Fully connected layers after the convolutional encoder", MODEL)
+    use_rnn: bool = _f(False, "A recurrent core after the encoder; its state is kept per env in the trajectory buffer and reset at episode ends", MODEL)
+    rnn_type: str = _f("gru", "Type of the recurrent core", MODEL, ("gru", "lstm"))
+    rnn_size: int = _f(512, "Size of the recurrent core's state", MODEL)
+    rnn_num_layers: int = _f(1, "Layers of the recurrent core", MODEL)
     nonlinearity: str = _f("elu", "Activation of the encoder", MODEL, ("elu", "relu", "tanh"))
     actor_critic_share_weights: bool = _f(True, "One encoder for actor and critic (False: two separate encoders)", MODEL)
     policy_initialization: str = _f("orthogonal", "Weight initialisation of linear layers", MODEL, ("orthogonal", "xavier_uniform", "torch_default"))
@@ -168,6 +179,8 @@ class Derived:
         slots_per_worker: trajectory-buffer slots owned by each rollout worker: one being
             written per env, plus spares so that the learner can gather two iterations.
         frameskip: frames per env step used for counting (1 without summaries_use_frameskip).
+        rnn_state_size: floats of recurrent state per env (0 without ``use_rnn``; GRU ``L x H``,
+            LSTM ``2 x L x H``).
     """
 
     recurrence: int
@@ -176,10 +189,11 @@ class Derived:
     trajectories_per_iteration: int
     slots_per_worker: int
     frameskip: int
+    rnn_state_size: int = 0
 
     @classmethod
     def of(cls, cfg: Config) -> "Derived":
-        recurrence = 1 if cfg.recurrence == -1 else cfg.recurrence
+        recurrence = (cfg.rollout if cfg.use_rnn else 1) if cfg.recurrence == -1 else cfg.recurrence
         per_batch = cfg.batch_size // cfg.rollout
         per_iter = per_batch * cfg.num_batches_per_epoch
         spare = max(cfg.num_envs_per_worker, -(-2 * per_iter // cfg.num_workers))
@@ -190,4 +204,5 @@ class Derived:
             trajectories_per_iteration=per_iter,
             slots_per_worker=cfg.num_envs_per_worker + spare,
             frameskip=cfg.env_frameskip if cfg.summaries_use_frameskip else 1,
+            rnn_state_size=(cfg.rnn_num_layers * cfg.rnn_size * (2 if cfg.rnn_type == "lstm" else 1)) if cfg.use_rnn else 0,
         )

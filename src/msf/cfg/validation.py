@@ -77,6 +77,13 @@ def validate(cfg: Config) -> None:
            f"must be one or more positive layer sizes, got {cfg.encoder_mlp_layers}")
     _check(bool(cfg.experiment) and os.sep not in cfg.experiment, "experiment",
            f"must be a non-empty name without '{os.sep}', got {cfg.experiment!r}")
+    _check(cfg.rnn_size >= 1, "rnn_size", f"must be a positive integer, got {cfg.rnn_size}")
+    _check(cfg.rnn_num_layers >= 1, "rnn_num_layers", f"must be a positive integer, got {cfg.rnn_num_layers}")
+    _check(len(cfg.encoder_conv_mlp_layers) >= 0 and all(n >= 1 for n in cfg.encoder_conv_mlp_layers),
+           "encoder_conv_mlp_layers", f"must be positive layer sizes, got {cfg.encoder_conv_mlp_layers}")
+    if cfg.use_rnn:
+        _check(cfg.actor_critic_share_weights, "actor_critic_share_weights",
+               "must be True with --use_rnn (one encoder and recurrent core for actor and critic)")
     _check(cfg.save_milestones_sec == -1 or cfg.save_milestones_sec >= 1, "save_milestones_sec",
            f"must be -1 (no milestones) or a positive number of seconds, got {cfg.save_milestones_sec}")
     if cfg.with_wandb:

@@ -73,8 +73,9 @@ class EnvSpaces:
     """What the model and the trajectory buffer need to know about an environment.
 
     Attributes:
-        obs_shape: shape of one observation (a flat vector for the MLP encoder).
-        obs_dtype: numpy dtype observations are stored as (float32).
+        obs_shape: shape of one observation: a vector (MLP encoder) or a 3-D image (conv encoder).
+        obs_dtype: numpy dtype observations are stored as: uint8 for uint8 observations (images),
+            else float32.
         discrete: True for a ``Discrete`` action space.
         num_actions: number of discrete actions, or the size of a ``Box`` action.
         action_low, action_high: bounds of a ``Box`` action space (None for discrete).
@@ -101,10 +102,14 @@ def spaces_of(env: gym.Env) -> EnvSpaces:
     obs, act = env.observation_space, env.action_space
     if not isinstance(obs, gym.spaces.Box):
         raise ConfigError(f"--env: observation space {obs} is not supported yet (supported: Box)")
+    if len(obs.shape) not in (1, 3):
+        raise ConfigError(f"--env: observations of shape {obs.shape} are not supported (supported: vectors, and "
+                          "3-D images such as [C, H, W] or [H, W, C])")
+    dtype = np.uint8 if obs.dtype == np.uint8 else np.float32
     if isinstance(act, gym.spaces.Discrete):
-        return EnvSpaces(tuple(obs.shape), np.float32, True, int(act.n))
+        return EnvSpaces(tuple(obs.shape), dtype, True, int(act.n))
     if isinstance(act, gym.spaces.Box) and len(act.shape) == 1:
-        return EnvSpaces(tuple(obs.shape), np.float32, False, int(act.shape[0]),
+        return EnvSpaces(tuple(obs.shape), dtype, False, int(act.shape[0]),
                          act.low.astype(np.float32), act.high.astype(np.float32))
     raise ConfigError(f"--env: action space {act} is not supported yet (supported: Discrete, 1-D Box)")
 

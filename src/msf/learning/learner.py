@@ -90,7 +90,7 @@ class Learner:
         # old values of the clipped value loss, as in Sample Factory; only the bootstrap row is
         # evaluated here. That saves a forward pass over the whole batch.
         with torch.no_grad():
-            last = model(b["obs"][:, T])[1]
+            last = model(b["obs"][:, T], self._states_at(b, T))[1]
         b["old_values"] = b["values"]  # value-head units
         values = model.denormalize_values(torch.cat([b["values"], last[:, None]], 1))
         if cfg.value_bootstrap:
@@ -101,18 +101,30 @@ class Learner:
                 model.returns_normalizer.update(b["targets"][valid])
         return b
 
+    @staticmethod
+    def _states_at(b: Batch, t: int) -> torch.Tensor | None:
+        """``[B, rnn_state_size]`` stored core states before step ``t`` (None without a core)."""
+        return b["rnn_states"][:, t] if "rnn_states" in b else None
+
     def _minibatch_loss(self, mb: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         cfg, model = self.cfg, self.model
         b, T = mb["rewards"].shape
         obs = mb["obs"]
         flat_obs = obs[:, :T].reshape(b * T, *obs.shape[2:])
-        action_params, values = (self.ddp or model)(flat_obs)
+        if "rnn_states" in mb:
+            # backpropagation through time over sequences of `recurrence` steps, each starting from the state
+            # the behaviour policy had there (Sample Factory's choice), reset after episode ends
+            R = self.derived.recurrence
+            h0 = mb["rnn_states"][:, 0:T:R].reshape(b * (T // R), -1)
+            action_params, values = (self.ddp or model)(flat_obs, h0, mb["dones"].reshape(b * (T // R), R))
+        else:
+            action_params, values = (self.ddp or model)(flat_obs)
         dist = model.distribution(action_params)
         log_probs = model.log_prob(dist, mb["actions"].reshape(b * T, *mb["actions"].shape[2:]))
         old_log_probs = mb["log_probs"].reshape(-1)
         if cfg.with_vtrace:
             with torch.no_grad():
-                last = model(obs[:, T])[1]
+                last = model(obs[:, T], self._states_at(mb, T))[1]
                 v = model.denormalize_values(torch.cat([values.detach().view(b, T), last[:, None]], 1))
                 log_rhos = (log_probs.detach() - old_log_probs).view(b, T)
                 targets, adv = vtrace(mb["rewards"], v, mb["dones"], log_rhos, cfg.gamma, cfg.vtrace_rho, cfg.vtrace_c)

@@ -1,8 +1,10 @@
-"""The actor-critic: MLP encoder(s), action head, value head.
+"""The actor-critic: encoder(s), an optional recurrent core, action head, value head.
 
-Shapes: observations ``[N, *obs_shape]`` float32; discrete actions ``[N]`` int64,
-continuous actions ``[N, A]`` float32; values ``[N]`` (in normalised units when the
-return normaliser is on: see :meth:`ActorCritic.denormalize_values`).
+Shapes: observations ``[N, *obs_shape]`` (float32 vectors, or uint8 images); discrete actions
+``[N]`` int64, continuous actions ``[N, A]`` float32; values ``[N]`` (in normalised units when the
+return normaliser is on: see :meth:`ActorCritic.denormalize_values`). With the recurrent core,
+its state is a flat ``[B, rnn_state_size]`` float32 per env (GRU: ``L x H``; LSTM: ``2 x L x H``,
+h then c).
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from torch.distributions import Categorical, Normal
 from msf.cfg.config import Config
 from msf.envs.registry import EnvSpaces
 from msf.learning.normalizers import RunningMeanStd
+from msf.model.encoders import ConvEncoder, mlp
 
-_ACTIVATIONS = {"elu": nn.ELU, "relu": nn.ReLU, "tanh": nn.Tanh}
 
 
 @dataclass
@@ -34,40 +36,55 @@ class PolicyOutput:
     values: torch.Tensor
 
 
-def mlp(in_size: int, layers: list[int], activation: str) -> nn.Sequential:
-    """Linear layers of sizes ``layers``, each followed by the activation."""
-    mods: list[nn.Module] = []
-    for size in layers:
-        mods += [nn.Linear(in_size, size), _ACTIVATIONS[activation]()]
-        in_size = size
-    return nn.Sequential(*mods)
-
-
 class ActorCritic(nn.Module):
-    """Shared (or separate) MLP encoder with a categorical or Gaussian action head.
+    """Shared (or separate) encoder, optional GRU/LSTM core, categorical or Gaussian action head.
 
-    The Gaussian head has a state-independent learned log standard deviation,
-    initialised to ``log(cfg.initial_stddev)``.
+    Vector observations go through an MLP (``encoder_mlp_layers``) after the running mean/std
+    normaliser; image observations (3-D) through a :class:`~msf.model.encoders.ConvEncoder`, scaled to
+    ``[0, 1]`` (no running normaliser). The Gaussian head has a state-independent learned log standard
+    deviation, initialised to ``log(cfg.initial_stddev)``.
+
+    Raises:
+        ValueError: observations of an unsupported rank, or images too small for the conv encoder.
     """
 
     def __init__(self, cfg: Config, spaces: EnvSpaces):
         super().__init__()
-        if len(spaces.obs_shape) != 1:
-            raise ValueError(f"the MLP encoder needs flat vector observations, got shape {spaces.obs_shape}")
-        obs_size = spaces.obs_shape[0]
         self.spaces = spaces
-        self.obs_normalizer = RunningMeanStd(spaces.obs_shape, clip=5.0) if cfg.normalize_input else None
+        self.image = len(spaces.obs_shape) == 3
+        if len(spaces.obs_shape) not in (1, 3):
+            raise ValueError(f"observations must be vectors or 3-D images, got shape {spaces.obs_shape}")
+        self.obs_normalizer = RunningMeanStd(spaces.obs_shape, clip=5.0) if cfg.normalize_input and not self.image \
+            else None
         self.returns_normalizer = RunningMeanStd((), clip=None) if cfg.normalize_returns else None
-        self.actor_encoder = mlp(obs_size, cfg.encoder_mlp_layers, cfg.nonlinearity)
-        self.critic_encoder = (
-            None if cfg.actor_critic_share_weights else mlp(obs_size, cfg.encoder_mlp_layers, cfg.nonlinearity)
-        )
-        hidden = cfg.encoder_mlp_layers[-1]
+
+        def encoder() -> tuple[nn.Module, int]:
+            if self.image:
+                enc = ConvEncoder(spaces.obs_shape, cfg.encoder_conv_architecture, cfg.encoder_conv_mlp_layers,
+                                  cfg.nonlinearity)
+                return enc, enc.out_size
+            return mlp(spaces.obs_shape[0], cfg.encoder_mlp_layers, cfg.nonlinearity), cfg.encoder_mlp_layers[-1]
+
+        self.actor_encoder, hidden = encoder()
+        self.critic_encoder = None if cfg.actor_critic_share_weights else encoder()[0]
+        self.core: nn.Module | None = None
+        self.rnn_type, self.rnn_layers, self.rnn_size = cfg.rnn_type, cfg.rnn_num_layers, cfg.rnn_size
+        if cfg.use_rnn:
+            rnn = nn.GRU if cfg.rnn_type == "gru" else nn.LSTM
+            self.core = rnn(hidden, cfg.rnn_size, num_layers=cfg.rnn_num_layers)
+            hidden = cfg.rnn_size
         self.action_head = nn.Linear(hidden, spaces.num_actions)
         self.value_head = nn.Linear(hidden, 1)
         self.log_std = None if spaces.discrete else nn.Parameter(
             torch.full((spaces.num_actions,), math.log(cfg.initial_stddev)))
         self._initialize(cfg.policy_initialization, cfg.policy_init_gain)
+
+    @property
+    def rnn_state_size(self) -> int:
+        """Floats of recurrent state per env (0 without a core)."""
+        if self.core is None:
+            return 0
+        return self.rnn_layers * self.rnn_size * (2 if self.rnn_type == "lstm" else 1)
 
     def _initialize(self, kind: str, gain: float) -> None:
         if kind == "torch_default":
@@ -83,18 +100,73 @@ class ActorCritic(nn.Module):
         nn.init.orthogonal_(self.action_head.weight, gain=0.01)
 
     def normalize_obs(self, obs: torch.Tensor) -> torch.Tensor:
+        obs = obs.float()
         return self.obs_normalizer.normalize(obs) if self.obs_normalizer is not None else obs
 
-    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Action-head outputs (logits ``[N, A]`` or Gaussian means ``[N, A]``) and values ``[N]``.
+    def _run_core(self, x: torch.Tensor, states: torch.Tensor, dones: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the core over ``B`` sequences of ``R`` steps.
 
-        Plain tensors, so that DistributedDataParallel can wrap the model; :meth:`evaluate`
-        builds the distribution.
+        Args:
+            x: ``[B * R, F]`` encoder features, sequence-major (each sequence's R steps consecutive).
+            states: ``[B, rnn_state_size]`` the state before each sequence's first step.
+            dones: ``[B, R]`` episode ends: after a step with done 1 the state is reset to zeros
+                before the next step. None: no resets (one step per sequence, as in inference).
+
+        Returns:
+            ``([B * R, rnn_size], [B, rnn_state_size])``: outputs and the states after the last step.
         """
+        B = states.shape[0]
+        R = x.shape[0] // B
+        L, H = self.rnn_layers, self.rnn_size
+        seq = x.view(B, R, -1).transpose(0, 1)  # [R, B, F]
+
+        def unpack(flat: torch.Tensor):
+            s = flat.view(B, -1, L, H).permute(1, 2, 0, 3).contiguous()  # [1 or 2, L, B, H]
+            return (s[0], s[1]) if self.rnn_type == "lstm" else s[0]
+
+        def pack(hx) -> torch.Tensor:
+            s = torch.stack(hx) if self.rnn_type == "lstm" else hx[None]
+            return s.permute(2, 0, 1, 3).reshape(B, -1)
+
+        hx = unpack(states)
+        if dones is None or R == 1 or not bool(dones[:, :-1].any()):
+            out, hx = self.core(seq, hx)
+        else:
+            outs = []
+            keep = 1.0 - dones.to(x.dtype)  # [B, R]
+            for t in range(R):
+                if t:
+                    m = keep[:, t - 1].view(1, B, 1)
+                    hx = (hx[0] * m, hx[1] * m) if self.rnn_type == "lstm" else hx * m
+                o, hx = self.core(seq[t:t + 1], hx)
+                outs.append(o)
+            out = torch.cat(outs)
+        return out.transpose(0, 1).reshape(B * R, H), pack(hx)
+
+    def forward_with_states(self, obs: torch.Tensor, rnn_states: torch.Tensor | None = None,
+                            dones: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """:meth:`forward` that also returns the core's states after the last step (None without a core)."""
         x = self.normalize_obs(obs)
         h = self.actor_encoder(x)
+        new_states = None
+        if self.core is not None:
+            if rnn_states is None:
+                rnn_states = torch.zeros(obs.shape[0], self.rnn_state_size, device=obs.device)
+            h, new_states = self._run_core(h, rnn_states, dones)
         hc = h if self.critic_encoder is None else self.critic_encoder(x)
-        return self.action_head(h), self.value_head(hc).squeeze(-1)
+        return self.action_head(h), self.value_head(hc).squeeze(-1), new_states
+
+    def forward(self, obs: torch.Tensor, rnn_states: torch.Tensor | None = None,
+                dones: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Action-head outputs (logits ``[N, A]`` or Gaussian means ``[N, A]``) and values ``[N]``.
+
+        With a recurrent core, ``obs`` is ``B`` sequences of ``R = N / B`` steps, sequence-major;
+        ``rnn_states`` ``[B, rnn_state_size]`` their initial states (zeros when None) and ``dones``
+        ``[B, R]`` their episode ends (see :meth:`_run_core`). Plain tensors, so that
+        DistributedDataParallel can wrap the model; :meth:`evaluate` builds the distribution.
+        """
+        params, values, _ = self.forward_with_states(obs, rnn_states, dones)
+        return params, values
 
     def distribution(self, action_params: torch.Tensor) -> torch.distributions.Distribution:
         """The action distribution of :meth:`forward`'s first output."""
@@ -102,29 +174,30 @@ class ActorCritic(nn.Module):
             return Categorical(logits=action_params, validate_args=False)
         return Normal(action_params, self.log_std.exp().expand_as(action_params), validate_args=False)
 
-    def evaluate(self, obs: torch.Tensor) -> PolicyOutput:
-        """Action distribution and values for observations ``[N, obs_size]``."""
-        action_params, values = self(obs)
+    def evaluate(self, obs: torch.Tensor, rnn_states: torch.Tensor | None = None) -> PolicyOutput:
+        """Action distribution and values for observations ``[N, *obs_shape]`` (one step per env)."""
+        action_params, values = self(obs, rnn_states)
         return PolicyOutput(self.distribution(action_params), values)
 
     @torch.no_grad()
-    def act(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Sample actions for ``[N, obs_size]`` observations: (actions, log-probs ``[N]``, values ``[N]``).
+    def act(self, obs: torch.Tensor, rnn_states: torch.Tensor | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Sample one action per env: (actions, log-probs ``[N]``, values ``[N]``, next core states
+        ``[N, rnn_state_size]`` or None without a core), for ``[N, *obs_shape]`` observations and the
+        core's ``[N, rnn_state_size]`` states.
 
         The inference workers' hot path: for discrete actions it samples from the softmax
         directly, without building a ``torch.distributions`` object (a few fewer tensor ops
         per call, which matters at batch sizes of 10 to 100).
         """
+        params, values, new_states = self.forward_with_states(obs, rnn_states)
         if self.log_std is not None:
-            out = self.evaluate(obs)
-            actions = out.dist.sample()
-            return actions, self.log_prob(out.dist, actions), out.values
-        x = self.normalize_obs(obs)
-        h = self.actor_encoder(x)
-        hc = h if self.critic_encoder is None else self.critic_encoder(x)
-        log_p = torch.log_softmax(self.action_head(h), dim=-1)
+            dist = self.distribution(params)
+            actions = dist.sample()
+            return actions, self.log_prob(dist, actions), values, new_states
+        log_p = torch.log_softmax(params, dim=-1)
         actions = torch.multinomial(log_p.exp(), 1)
-        return actions.squeeze(1), log_p.gather(1, actions).squeeze(1), self.value_head(hc).squeeze(-1)
+        return actions.squeeze(1), log_p.gather(1, actions).squeeze(1), values, new_states
 
     def log_prob(self, dist: torch.distributions.Distribution, actions: torch.Tensor) -> torch.Tensor:
         """``[N]`` log-probabilities (summed over action dimensions for a Gaussian)."""

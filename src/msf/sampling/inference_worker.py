@@ -52,6 +52,7 @@ class InferenceWorker:
         self.log_probs_flat = buffer.log_probs.view(-1)
         self.values_flat = buffer.values.view(-1)
         self.versions_flat = buffer.policy_versions.view(-1)
+        self.rnn_flat = buffer.rnn_states.view(-1, buffer.rnn_states.shape[-1]) if buffer.rnn_states.shape[-1] else None
         self.cursors = buffer.cursors.numpy()
         self.model = ActorCritic(cfg, spaces).to(self.device).eval()
         self.version = -1
@@ -68,7 +69,11 @@ class InferenceWorker:
         obs_idx = torch.from_numpy(slots * (self.T + 1) + ts)
         act_idx = torch.from_numpy(slots * self.T + ts)
         obs = self.obs_flat.index_select(0, obs_idx).to(self.device, non_blocking=True)
-        actions, log_probs, values = self.model.act(obs)
+        states = None if self.rnn_flat is None else self.rnn_flat.index_select(0, obs_idx).to(self.device)
+        actions, log_probs, values, new_states = self.model.act(obs, states)
+        if new_states is not None:
+            # the state before the next step, at the next row (the rollout worker zeros it at an episode end)
+            self.rnn_flat[obs_idx + 1] = new_states.to("cpu")
         self.actions_flat[act_idx] = actions.to("cpu")
         self.log_probs_flat[act_idx] = log_probs.to("cpu")
         self.values_flat[act_idx] = values.to("cpu")

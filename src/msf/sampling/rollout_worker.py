@@ -63,6 +63,8 @@ class RolloutWorker:
         b = buffer.numpy_views()
         self.obs, self.rewards, self.dones = b["obs"], b["rewards"], b["dones"]
         self.time_outs, self.actions, self.cursors = b["time_outs"], b["actions"], b["cursors"][index]
+        self.rnn_states = b["rnn_states"] if b["rnn_states"].shape[-1] else None
+        self.obs_dtype = self.obs.dtype
         first = index * derived.slots_per_worker
         self.free_slots = collections.deque(range(first, first + derived.slots_per_worker))
         seed = cfg.seed if cfg.seed is not None else int(np.random.SeedSequence().entropy % (2**31))
@@ -102,6 +104,8 @@ class RolloutWorker:
             slot = self._take_slot()
             self.cursors[e] = (slot, 0)
             self.obs[slot, 0] = obs
+            if self.rnn_states is not None:
+                self.rnn_states[slot, 0] = 0.0
 
     def _step_split(self, split: int) -> None:
         lo, hi = split * self.eps, (split + 1) * self.eps
@@ -134,13 +138,20 @@ class RolloutWorker:
         self.dones[slots, ts] = done
         self.time_outs[slots, ts] = tout
         ts += 1
-        self.obs[slots, ts] = np.asarray(next_obs, dtype=np.float32)
+        self.obs[slots, ts] = np.asarray(next_obs, dtype=self.obs_dtype)
+        if self.rnn_states is not None:
+            ended = np.nonzero(done)[0]
+            if len(ended):
+                # a new episode starts with a zero state (the inference worker wrote the old one's)
+                self.rnn_states[slots[ended], ts[ended]] = 0.0
         full = np.nonzero(ts == self.T)[0]
         if len(full):
             self.full_queue.put(FullTrajectories(self.index, slots[full].tolist()))
             for i in full:
                 new = self._take_slot()
                 self.obs[new, 0] = self.obs[slots[i], self.T]
+                if self.rnn_states is not None:
+                    self.rnn_states[new, 0] = self.rnn_states[slots[i], self.T]
                 slots[i], ts[i] = new, 0
         cur[:, 0], cur[:, 1] = slots, ts
 

@@ -32,7 +32,7 @@ class TrajectoryBuffer:
     """Shared tensors of one device group (see module docstring for the layout).
 
     Attributes:
-        obs: ``[S, T + 1, *obs_shape]`` float32.
+        obs: ``[S, T + 1, *obs_shape]`` float32, or uint8 for uint8 observations (images).
         actions: ``[S, T]`` int64 (discrete) or ``[S, T, A]`` float32.
         log_probs: ``[S, T]`` float32, behaviour-policy log-probability of the action.
         values: ``[S, T]`` float32, behaviour-policy value (value-head units) of the observation.
@@ -40,6 +40,9 @@ class TrajectoryBuffer:
         dones: ``[S, T]`` uint8, 1 when the episode ended (terminated or truncated) at that step.
         time_outs: ``[S, T]`` uint8, 1 when it was truncated and not terminated.
         policy_versions: ``[S, T]`` int64, version of the weights that chose the action.
+        rnn_states: ``[S, T + 1, rnn_state_size]`` float32, the recurrent core's state before each step
+            (zeros after an episode end; ``rnn_state_size`` 0 without a core). Like ``obs``, row ``T``
+            is row 0 of the env's next slot.
         cursors: ``[W, E, 2]`` int64, per rollout worker and env: (slot, step) being written.
     """
 
@@ -51,6 +54,7 @@ class TrajectoryBuffer:
     dones: torch.Tensor
     time_outs: torch.Tensor
     policy_versions: torch.Tensor
+    rnn_states: torch.Tensor
     cursors: torch.Tensor
 
     @classmethod
@@ -59,7 +63,7 @@ class TrajectoryBuffer:
         T = cfg.rollout
         act_dtype = torch.int64 if spaces.discrete else torch.float32
         return cls(
-            obs=_shared((S, T + 1, *spaces.obs_shape), torch.float32),
+            obs=_shared((S, T + 1, *spaces.obs_shape), torch.uint8 if spaces.obs_dtype == np.uint8 else torch.float32),
             actions=_shared((S, T, *spaces.action_shape), act_dtype),
             log_probs=_shared((S, T), torch.float32),
             values=_shared((S, T), torch.float32),
@@ -67,6 +71,7 @@ class TrajectoryBuffer:
             dones=_shared((S, T), torch.uint8),
             time_outs=_shared((S, T), torch.uint8),
             policy_versions=_shared((S, T), torch.int64),
+            rnn_states=_shared((S, T + 1, derived.rnn_state_size), torch.float32),
             cursors=_shared((cfg.num_workers, cfg.num_envs_per_worker, 2), torch.int64),
         )
 
@@ -86,4 +91,6 @@ class TrajectoryBuffer:
             after which the slots may be reused.
         """
         names = ("obs", "actions", "log_probs", "values", "rewards", "dones", "time_outs", "policy_versions")
+        if self.rnn_states.shape[-1]:
+            names += ("rnn_states",)
         return {k: getattr(self, k).index_select(0, slots) for k in names}

@@ -1,0 +1,82 @@
+"""The recurrent core over sequences with episode resets, against a step-by-step reference; the conv encoders."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from msf.cfg.config import Config
+from msf.envs.registry import EnvSpaces
+from msf.model.actor_critic import ActorCritic
+from msf.model.encoders import ConvEncoder, channel_axis
+
+
+@pytest.mark.parametrize("rnn_type, layers", [("gru", 1), ("lstm", 2)])
+def test_sequences_with_resets_equal_the_step_by_step_run(rnn_type, layers):
+    torch.manual_seed(0)
+    spaces = EnvSpaces((5,), np.float32, True, 3)
+    model = ActorCritic(Config(encoder_mlp_layers=[16], use_rnn=True, rnn_type=rnn_type, rnn_size=8,
+                               rnn_num_layers=layers), spaces)
+    B, R = 4, 6
+    obs = torch.randn(B, R, 5)
+    dones = (torch.rand(B, R) < 0.3).float()
+    h0 = torch.randn(B, model.rnn_state_size)
+    assert model.rnn_state_size == layers * 8 * (2 if rnn_type == "lstm" else 1)
+    params, values = model(obs.reshape(B * R, 5), h0, dones)
+    # reference: one step at a time, zeroing the state after an episode end
+    h = h0.clone()
+    ref_p, ref_v = [], []
+    for t in range(R):
+        p, v, h = model.forward_with_states(obs[:, t], h)
+        ref_p.append(p)
+        ref_v.append(v)
+        h = h * (1 - dones[:, t:t + 1])
+    ref_p = torch.stack(ref_p, 1).reshape(B * R, -1)
+    ref_v = torch.stack(ref_v, 1).reshape(B * R)
+    torch.testing.assert_close(params, ref_p, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(values, ref_v, rtol=1e-5, atol=1e-6)
+    # the state really carries information: another initial state changes the outputs before any reset
+    params2, _ = model(obs.reshape(B * R, 5), torch.zeros_like(h0), dones)
+    assert not torch.allclose(params.view(B, R, -1)[:, 0], params2.view(B, R, -1)[:, 0])
+
+
+def test_act_returns_the_next_state():
+    torch.manual_seed(0)
+    model = ActorCritic(Config(encoder_mlp_layers=[8], use_rnn=True, rnn_size=4), EnvSpaces((3,), np.float32, True, 2))
+    obs, h = torch.randn(5, 3), torch.randn(5, model.rnn_state_size)
+    _, _, values, h1 = model.act(obs, h)
+    _, v_ref, h_ref = model.forward_with_states(obs, h)
+    torch.testing.assert_close(h1, h_ref)
+    torch.testing.assert_close(values, v_ref)
+
+
+@pytest.mark.parametrize("shape, axis", [((4, 84, 84), 0), ((84, 84, 4), 2), ((7, 7, 3), 2), ((3, 72, 128), 0)])
+def test_channel_axis_is_the_smallest_dimension(shape, axis):
+    assert channel_axis(shape) == axis
+
+
+@pytest.mark.parametrize("arch, n_conv_out", [("convnet_atari", 64 * 7 * 7), ("convnet_simple", 128 * 4 * 4),
+                                              ("resnet_impala", 32 * 11 * 11)])
+def test_conv_encoders_on_atari_frames(arch, n_conv_out):
+    enc = ConvEncoder((4, 84, 84), arch, [512], "relu")
+    x = torch.randint(0, 256, (2, 4, 84, 84), dtype=torch.uint8)
+    assert enc.conv(x.float()).flatten(1).shape[1] == n_conv_out  # the layer arithmetic, by hand
+    assert enc(x).shape == (2, 512)
+    # channels-last frames give the same features as the same frames channels-first
+    enc_hwc = ConvEncoder((84, 84, 4), arch, [512], "relu")
+    enc_hwc.load_state_dict(enc.state_dict())
+    torch.testing.assert_close(enc_hwc(x.permute(0, 2, 3, 1)), enc(x))
+
+
+def test_small_images_need_resnet_impala():
+    with pytest.raises(ValueError, match="too small for --encoder_conv_architecture=convnet_simple; use resnet_impala"):
+        ConvEncoder((7, 7, 3), "convnet_simple", [64], "elu")
+    assert ConvEncoder((7, 7, 3), "resnet_impala", [64], "elu")(torch.zeros(1, 7, 7, 3, dtype=torch.uint8)).shape == (1, 64)
+
+
+def test_image_model_scales_pixels_and_skips_the_running_normaliser():
+    model = ActorCritic(Config(encoder_conv_mlp_layers=[32]), EnvSpaces((4, 84, 84), np.uint8, True, 6))
+    assert model.obs_normalizer is None and model.image
+    x = torch.full((1, 4, 84, 84), 255, dtype=torch.uint8)
+    torch.testing.assert_close(model(x)[0], model(torch.ones(1, 4, 84, 84) * 255.0)[0])
