@@ -117,7 +117,7 @@ def evaluate(cfg: Config, ev: EvalArgs) -> dict:
     Raises:
         ConfigError: the experiment has no (readable) checkpoint of the kind asked for.
     """
-    from msf.envs.registry import make_env, spaces_of
+    from msf.envs.registry import env_config_of, make_env, spaces_of
     from msf.model.actor_critic import ActorCritic
     from msf.persistence.checkpoint import load_latest_checkpoint
 
@@ -135,7 +135,7 @@ def evaluate(cfg: Config, ev: EvalArgs) -> dict:
     elif not ev.no_render and (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
         render = "human"
     seed = cfg.seed if cfg.seed is not None else 0
-    env = make_env(cfg.env, {"worker_index": 0, "env_index": 0, "seed": seed, "evaluation": True}, render_mode=render)
+    env = make_env(cfg.env, env_config_of(cfg, seed=seed, evaluation=True), render_mode=render)
     if render is not None:
         import gymnasium as gym
 

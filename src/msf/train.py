@@ -30,10 +30,28 @@ final checkpoint; a second Ctrl-C exits at once. Exit codes: 0 done or stopped, 
 2 invalid flags."""
 
 
+def check_model(cfg, spaces) -> None:
+    """Build the model once here, so that a model that cannot fit the observations fails before spawning.
+
+    Raises:
+        ConfigError: naming the encoder flag.
+    """
+    from msf.model.actor_critic import ActorCritic
+
+    try:
+        ActorCritic(cfg, spaces)
+    except ValueError as e:
+        flag = "encoder_conv_architecture" if len(spaces.obs_shape) == 3 else "env"
+        raise ConfigError(f"--{flag}: {e}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse, validate and resolve (before any process is spawned), train; return the exit code."""
     cfg, given = parse_args(argv, description=DESCRIPTION)
     try:
+        from msf.envs.families import apply_family_defaults
+
+        cfg = apply_family_defaults(cfg, given)
         validate(cfg)
         from msf.distributed.launch import resolve
         from msf.envs.registry import env_spaces
@@ -53,7 +71,10 @@ def main(argv: list[str] | None = None) -> int:
         if changes:
             validate(cfg)
         cfg = resolve(cfg, given, plan)
-        spaces = env_spaces(cfg.env)
+        from msf.envs.registry import env_config_of
+
+        spaces = env_spaces(cfg.env, env_config_of(cfg))
+        check_model(cfg, spaces)
     except ConfigError as e:
         print(f"msf-train: error: {e}", file=sys.stderr)
         return 2

@@ -65,8 +65,8 @@ class CueMemory(gym.Env):
     Observations: ``[cue_0, cue_1, query]`` float32. Actions: Discrete(2).
     """
 
-    def __init__(self, delay: int = 8):
-        self.delay = delay
+    def __init__(self, delay: int = 8, render_mode=None):
+        self.delay, self.render_mode = delay, render_mode
         self.observation_space = gym.spaces.Box(0.0, 1.0, (3,), dtype=np.float32)
         self.action_space = gym.spaces.Discrete(2)
         self.t, self.cue = 0, 0

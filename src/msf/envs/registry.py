@@ -43,7 +43,18 @@ def _resolve(name: str) -> tuple[str, MakeEnvFn | None]:
         if short in _REGISTRY:
             return short, _REGISTRY[short]
         return name, None
-    return name, _REGISTRY.get(name)
+    if name in _REGISTRY:
+        return name, _REGISTRY[name]
+    from msf.envs.families import family_maker
+
+    return name, family_maker(name)
+
+
+def env_config_of(cfg: Any, worker_index: int = 0, env_index: int = 0, seed: int = 0, **extra: Any) -> dict[str, Any]:
+    """The ``env_config`` every env maker receives: its indices and seed, and the env flags of ``cfg``."""
+    return {"worker_index": worker_index, "env_index": env_index, "seed": seed,
+            "atari_sticky_actions": cfg.atari_sticky_actions, "atari_full_action_space": cfg.atari_full_action_space,
+            **extra}
 
 
 def make_env(name: str, env_config: dict[str, Any] | None = None, render_mode: str | None = None) -> gym.Env:
@@ -114,13 +125,13 @@ def spaces_of(env: gym.Env) -> EnvSpaces:
     raise ConfigError(f"--env: action space {act} is not supported yet (supported: Discrete, 1-D Box)")
 
 
-def env_spaces(name: str) -> EnvSpaces:
+def env_spaces(name: str, env_config: dict[str, Any] | None = None) -> EnvSpaces:
     """Make one env of ``name`` in this process, read its spaces and close it.
 
     Raises:
-        ConfigError: unknown env or unsupported spaces.
+        ConfigError: unknown env, a family whose extra is missing, or unsupported spaces.
     """
-    env = make_env(name, {"worker_index": 0, "env_index": 0, "seed": 0})
+    env = make_env(name, env_config or {"worker_index": 0, "env_index": 0, "seed": 0})
     try:
         return spaces_of(env)
     finally:

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from msf.cfg.config import Config, Derived
-from msf.envs.registry import make_env
+from msf.envs.registry import env_config_of, make_env
 from msf.sampling.messages import EpisodeStats, FullTrajectories
 from msf.sampling.trajectory_buffer import TrajectoryBuffer
 from msf.runner.supervision import parent_alive
@@ -71,8 +71,7 @@ class RolloutWorker:
         self.envs = []
         for e in range(self.E):
             env_index = index * self.E + e
-            env_cfg = {"worker_index": index, "env_index": env_index, "seed": seed + env_index}
-            self.envs.append(make_env(cfg.env, env_cfg))
+            self.envs.append(make_env(cfg.env, env_config_of(cfg, index, env_index, seed + env_index)))
         space = self.envs[0].action_space
         self.action_bounds = (space.low, space.high) if hasattr(space, "low") else None
         self.seeds = [seed + index * self.E + e for e in range(self.E)]

@@ -1,0 +1,175 @@
+"""Sample Factory's environment families: ``atari_<game>``, ``doom_<scenario>``, ``mujoco_<name>``,
+``MiniGrid-*``. Each needs an optional extra (``pip install 'multi-sample-factory[atari]'``, ...);
+without it, the name is refused with the pip command, before anything is spawned.
+
+Every maker takes the ``env_config`` of :func:`msf.envs.registry.make_env`; with
+``evaluation=True`` it leaves out the wrappers meant for training only (life loss as episode end,
+reward clipping), so that ``msf-enjoy`` reports the game's own returns.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any, Callable
+
+import gymnasium as gym
+import numpy as np
+
+from msf.cfg.validation import ConfigError
+
+MakeFn = Callable[[str, dict], gym.Env]
+
+# Frames per env step of each family (Sample Factory counts frames: env_frames = env_steps x frameskip)
+FRAMESKIP = {"atari_": 4, "doom_": 4}
+
+MUJOCO = {"hopper": "Hopper-v5", "halfcheetah": "HalfCheetah-v5", "walker": "Walker2d-v5", "walker2d": "Walker2d-v5",
+          "ant": "Ant-v5", "humanoid": "Humanoid-v5", "humanoidstandup": "HumanoidStandup-v5", "swimmer": "Swimmer-v5",
+          "reacher": "Reacher-v5", "pusher": "Pusher-v5", "inverted_pendulum": "InvertedPendulum-v5",
+          "inverted_double_pendulum": "InvertedDoublePendulum-v5"}
+
+DOOM = {"basic": "VizdoomBasic-v1", "defend_the_center": "VizdoomDefendCenter-v1",
+        "defend_the_line": "VizdoomDefendLine-v1", "health_gathering": "VizdoomHealthGathering-v1",
+        "health_gathering_supreme": "VizdoomHealthGatheringSupreme-v1", "my_way_home": "VizdoomMyWayHome-v1",
+        "deadly_corridor": "VizdoomDeadlyCorridor-v1", "take_cover": "VizdoomTakeCover-v1",
+        "predict_position": "VizdoomPredictPosition-v1", "deathmatch": "VizdoomDeathmatch-v1"}
+
+DOOM_RESOLUTION = (72, 128)  # height, width: Sample Factory's doom observations
+
+EXTRAS = {"atari_": ("atari", ("ale_py", "cv2")), "doom_": ("vizdoom", ("vizdoom", "cv2")),
+          "mujoco_": ("mujoco", ("mujoco",)), "MiniGrid-": ("minigrid", ("minigrid",))}
+
+
+def family_of(name: str) -> str | None:
+    """The family prefix of ``name`` (``"atari_"``, ``"doom_"``, ``"mujoco_"``, ``"MiniGrid-"``), or None."""
+    return next((p for p in EXTRAS if name.startswith(p)), None)
+
+
+def require_extra(name: str) -> None:
+    """Raises ConfigError naming the pip command when the family of ``name`` lacks its packages."""
+    family = family_of(name)
+    if family is None:
+        return
+    extra, modules = EXTRAS[family]
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ConfigError(f"--env: {name} needs the {extra} extra (missing: {', '.join(missing)}): "
+                          f"pip install 'multi-sample-factory[{extra}]'")
+
+
+class EpisodicLife(gym.Wrapper):
+    """Atari training: a lost life ends the episode (terminated), but the game goes on: the next
+    ``reset`` only takes a no-op step unless the game is really over (Mnih et al. 2015's training
+    protocol). Gymnasium's ``AtariPreprocessing(terminal_on_life_loss=True)`` would restart the game."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.lives, self.game_over = 0, True
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.game_over = terminated or truncated
+        lives = self.env.unwrapped.ale.lives()
+        if 0 < lives < self.lives:
+            terminated = True
+        self.lives = lives
+        return obs, reward, terminated, truncated, info
+
+    def reset(self, **kwargs):
+        if self.game_over:
+            obs, info = self.env.reset(**kwargs)
+        else:
+            obs, _, terminated, truncated, info = self.env.step(0)
+            if terminated or truncated:
+                obs, info = self.env.reset(**kwargs)
+        self.lives = self.env.unwrapped.ale.lives()
+        return obs, info
+
+
+def _atari_id(game: str) -> str:
+    key = f"ale/{game.replace('_', '')}-v5"
+    for env_id in gym.registry:
+        if env_id.lower() == key:
+            return env_id
+    raise ConfigError(f"--env: no Atari game {game!r} in ale-py (atari_<game>, e.g. atari_pong, atari_breakout, "
+                      "atari_space_invaders)")
+
+
+def make_atari(name: str, env_config: dict[str, Any]) -> gym.Env:
+    """``atari_<game>``: no-op starts (30), frameskip 4 with max-pooling of the last two frames, 84x84
+    grayscale, a stack of 4 frames ``[4, 84, 84]`` uint8; for training also life loss as episode end and
+    rewards clipped to [-1, 1]. Sticky actions (``repeat_action_probability=0.25``) and the full action
+    set with ``env_config`` ``atari_sticky_actions`` / ``atari_full_action_space``."""
+    import ale_py
+
+    gym.register_envs(ale_py)
+    env = gym.make(_atari_id(name[len("atari_"):]), frameskip=1, render_mode=env_config.get("render_mode"),
+                   repeat_action_probability=0.25 if env_config.get("atari_sticky_actions") else 0.0,
+                   full_action_space=bool(env_config.get("atari_full_action_space")))
+    env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84, grayscale_obs=True,
+                                          terminal_on_life_loss=False, scale_obs=False)
+    if not env_config.get("evaluation"):
+        env = EpisodicLife(env)
+        env = gym.wrappers.TransformReward(env, lambda r: float(np.sign(r)))
+    return gym.wrappers.FrameStackObservation(env, 4)
+
+
+def make_doom(name: str, env_config: dict[str, Any]) -> gym.Env:
+    """``doom_<scenario>`` (the scenarios the vizdoom package ships): the screen only, resized to 128x72
+    RGB ``[72, 128, 3]`` uint8, 4 frames per step (the action repeated)."""
+    from vizdoom import gymnasium_wrapper  # noqa: F401 - registers the Vizdoom* ids
+
+    scenario = name[len("doom_"):]
+    if scenario not in DOOM:
+        raise ConfigError(f"--env: unknown doom scenario {scenario!r}; valid: "
+                          + ", ".join(f"doom_{k}" for k in DOOM))
+    env = gym.make(DOOM[scenario], frame_skip=4, render_mode=env_config.get("render_mode"))
+    screen = env.observation_space["screen"]
+    env = gym.wrappers.TransformObservation(env, lambda o: o["screen"], screen)
+    return gym.wrappers.ResizeObservation(env, DOOM_RESOLUTION)
+
+
+def make_mujoco(name: str, env_config: dict[str, Any]) -> gym.Env:
+    """``mujoco_<name>``: gymnasium's MuJoCo task (v5), observations as they are."""
+    task = name[len("mujoco_"):]
+    if task not in MUJOCO:
+        raise ConfigError(f"--env: unknown MuJoCo task {task!r}; valid: " + ", ".join(f"mujoco_{k}" for k in MUJOCO))
+    return gym.make(MUJOCO[task], render_mode=env_config.get("render_mode"))
+
+
+def make_minigrid(name: str, env_config: dict[str, Any]) -> gym.Env:
+    """``MiniGrid-*``: the agent's partial view ``[7, 7, 3]`` uint8 (object, colour, state per cell)."""
+    import minigrid  # noqa: F401 - registers the MiniGrid ids
+    from minigrid.wrappers import ImgObsWrapper
+
+    try:
+        env = gym.make(name, render_mode=env_config.get("render_mode"))
+    except gym.error.Error as e:
+        raise ConfigError(f"--env: unknown MiniGrid environment {name!r} ({e})") from None
+    return ImgObsWrapper(env)
+
+
+MAKERS: dict[str, MakeFn] = {"atari_": make_atari, "doom_": make_doom, "mujoco_": make_mujoco,
+                             "MiniGrid-": make_minigrid}
+
+
+def apply_family_defaults(cfg, given: set[str]):
+    """The family's defaults for flags not given: ``env_frameskip`` 4 for atari_* and doom_*, and
+    ``encoder_conv_architecture=resnet_impala`` for MiniGrid's 7x7 views."""
+    import dataclasses
+
+    family = family_of(cfg.env)
+    changes = {}
+    if family in FRAMESKIP and "env_frameskip" not in given:
+        changes["env_frameskip"] = FRAMESKIP[family]
+    if family == "MiniGrid-" and "encoder_conv_architecture" not in given:
+        changes["encoder_conv_architecture"] = "resnet_impala"
+    return dataclasses.replace(cfg, **changes) if changes else cfg
+
+
+def family_maker(name: str) -> MakeFn | None:
+    """The maker of ``name``'s family, after checking its extra is installed; None for other names."""
+    family = family_of(name)
+    if family is None:
+        return None
+    require_extra(name)
+    return MAKERS[family]

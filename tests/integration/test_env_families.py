@@ -1,0 +1,99 @@
+"""Sample Factory's environment families end to end: spaces, frame counting, a short training run.
+
+A family whose extra is not installed is skipped with the reason (the README's setup installs [all])."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import numpy as np
+import pytest
+
+from msf.cfg.config import Config
+from msf.cfg.validation import ConfigError
+from msf.envs.families import EXTRAS, family_of, require_extra
+from msf.envs.registry import env_config_of, env_spaces, make_env
+
+from .conftest import read_summary, run_msf
+
+FAMILIES = [
+    # env, obs shape, obs dtype, discrete, frameskip
+    ("atari_breakout", (4, 84, 84), np.uint8, True, 4),
+    ("doom_basic", (72, 128, 3), np.uint8, True, 4),
+    ("mujoco_hopper", (11,), np.float32, False, 1),
+    ("MiniGrid-Empty-5x5-v0", (7, 7, 3), np.uint8, True, 1),
+]
+
+
+def _skip_without_extra(env: str) -> None:
+    extra, modules = EXTRAS[family_of(env)]
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"the {extra} extra is not installed here (missing {', '.join(missing)}; no wheel for this machine?)")
+
+
+@pytest.mark.parametrize("env, shape, dtype, discrete, frameskip", FAMILIES, ids=[f[0] for f in FAMILIES])
+def test_family_trains_end_to_end(train_dir, env, shape, dtype, discrete, frameskip):
+    _skip_without_extra(env)
+    spaces = env_spaces(env, env_config_of(Config()))
+    assert (spaces.obs_shape, spaces.obs_dtype, spaces.discrete) == (shape, dtype, discrete)
+    r = run_msf([f"--env={env}", "--experiment=fam", f"--train_dir={train_dir}", "--num_workers=2",
+                 "--num_envs_per_worker=4", "--batch_size=128", "--rollout=16", "--encoder_conv_mlp_layers", "64",
+                 "--encoder_mlp_layers", "64", "--train_for_env_steps=6000"], timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = read_summary(train_dir, "fam")
+    assert s["status"] == "done" and s["env"] == env
+    assert s["env_frames"] == frameskip * s["env_steps"]  # Sample Factory's counting
+    assert 6000 <= s["env_frames"] < 6000 + 128 * frameskip  # the budget counts frames
+    cfg = json.loads((train_dir / "fam" / "config.json").read_text())
+    assert cfg["env_frameskip"] == frameskip
+
+
+def test_atari_training_wrappers_and_evaluation_wrappers():
+    _skip_without_extra("atari_breakout")
+    from msf.envs.families import EpisodicLife
+
+    def chain(env):
+        names = []
+        while hasattr(env, "env"):
+            names.append(type(env).__name__)
+            env = env.env
+        return names
+
+    train = make_env("atari_breakout", env_config_of(Config()))
+    evaluation = make_env("atari_breakout", env_config_of(Config(), evaluation=True))
+    assert "EpisodicLife" in chain(train) and "TransformReward" in chain(train)
+    assert "EpisodicLife" not in chain(evaluation) and "TransformReward" not in chain(evaluation)
+    # a lost life ends the training episode, but the game goes on
+    life = train
+    while not isinstance(life, EpisodicLife):
+        life = life.env
+    train.reset(seed=0)
+    lives0 = life.env.unwrapped.ale.lives()
+    for _ in range(5000):
+        _, _, terminated, truncated, _ = train.step(train.action_space.sample())
+        if terminated or truncated:
+            break
+    assert terminated and not life.game_over
+    assert life.env.unwrapped.ale.lives() == lives0 - 1
+    train.reset()
+    assert life.env.unwrapped.ale.lives() == lives0 - 1  # not a new game
+    train.close()
+    evaluation.close()
+
+
+def test_a_missing_extra_names_the_pip_command(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ale_py" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"^--env: atari_pong needs the atari extra .*pip install 'multi-sample-factory\[atari\]'"):
+        require_extra("atari_pong")
+
+
+def test_unknown_family_members_are_refused(tmp_path):
+    _skip_without_extra("mujoco_hopper")
+    r = run_msf(["--env=mujoco_nosuch", "--experiment=x", f"--train_dir={tmp_path}"], timeout=60)
+    assert r.returncode == 2 and "--env: unknown MuJoCo task 'nosuch'" in r.stderr
+    r = run_msf(["--env=MiniGrid-Empty-5x5-v0", "--encoder_conv_architecture=convnet_simple", "--experiment=y",
+                 f"--train_dir={tmp_path}"], timeout=60)
+    assert r.returncode == 2 and "--encoder_conv_architecture:" in r.stderr and "resnet_impala" in r.stderr
