@@ -41,7 +41,8 @@ def check_model(cfg, spaces) -> None:
     try:
         ActorCritic(cfg, spaces)
     except ValueError as e:
-        flag = "encoder_conv_architecture" if len(spaces.obs_shape) == 3 else "env"
+        flag = "encoder_custom" if cfg.encoder_custom else \
+            "encoder_conv_architecture" if len(spaces.obs_shape) == 3 else "env"
         raise ConfigError(f"--{flag}: {e}") from None
 
 

@@ -112,6 +112,7 @@ class Config:
         "64 3x3/1), resnet_impala (the IMPALA residual network: 16, 32, 32 channels, works on small images)",
         MODEL, ("convnet_simple", "convnet_atari", "resnet_impala"))
     encoder_conv_mlp_layers: list = _f([512], "Fully connected layers after the convolutional encoder", MODEL)
+    encoder_custom: str | None = _f(None, "An encoder registered with msf.model.register_encoder, as 'module:name' (the module registers it at import); replaces the MLP / conv encoder", MODEL)
     use_rnn: bool = _f(False, "A recurrent core after the encoder; its state is kept per env in the trajectory buffer and reset at episode ends", MODEL)
     rnn_type: str = _f("gru", "Type of the recurrent core", MODEL, ("gru", "lstm"))
     rnn_size: int = _f(512, "Size of the recurrent core's state", MODEL)

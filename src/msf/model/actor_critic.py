@@ -19,7 +19,7 @@ from torch.distributions import Categorical, Normal
 from msf.cfg.config import Config
 from msf.envs.registry import EnvSpaces
 from msf.learning.normalizers import RunningMeanStd
-from msf.model.encoders import ConvEncoder, mlp
+from msf.model.encoders import ConvEncoder, custom_encoder, mlp
 
 
 
@@ -59,6 +59,9 @@ class ActorCritic(nn.Module):
         self.returns_normalizer = RunningMeanStd((), clip=None) if cfg.normalize_returns else None
 
         def encoder() -> tuple[nn.Module, int]:
+            if cfg.encoder_custom:
+                enc = custom_encoder(cfg.encoder_custom)(cfg, spaces.obs_shape)
+                return enc, int(enc.out_size)
             if self.image:
                 enc = ConvEncoder(spaces.obs_shape, cfg.encoder_conv_architecture, cfg.encoder_conv_mlp_layers,
                                   cfg.nonlinearity)

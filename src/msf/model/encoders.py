@@ -89,3 +89,38 @@ class ConvEncoder(nn.Module):
         if self.axis != 0:
             x = x.movedim(self.axis + 1, 1)
         return self.mlp(self.conv(x).flatten(1))
+
+
+EncoderFactory = "Callable[[Config, tuple[int, ...]], nn.Module]"
+_ENCODERS: dict = {}
+
+
+def register_encoder(name: str, factory) -> None:
+    """Register ``factory(cfg, obs_shape) -> nn.Module`` as ``--encoder_custom=name``.
+
+    The module it returns maps ``[N, *obs_shape]`` observations (float32, after the running normaliser
+    for vector observations; uint8 images as stored) to ``[N, out_size]`` features, and must have an
+    ``out_size`` attribute. Like :func:`msf.envs.register_env`, the registration must happen at import of a
+    module that every process imports: pass ``--encoder_custom=module:name``.
+    """
+    _ENCODERS[name] = factory
+
+
+def custom_encoder(spec: str):
+    """The factory registered as ``spec`` (``name`` or ``module:name``).
+
+    Raises:
+        ValueError: no such encoder, or the module cannot be imported.
+    """
+    import importlib
+
+    module, _, name = spec.rpartition(":")
+    if module:
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise ValueError(f"cannot import module {module!r} named in {spec!r} ({e})") from None
+    if name not in _ENCODERS:
+        raise ValueError(f"no encoder registered as {name!r} (msf.model.register_encoder; registered: "
+                         f"{sorted(_ENCODERS) or 'none'})")
+    return _ENCODERS[name]

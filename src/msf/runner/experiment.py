@@ -60,7 +60,7 @@ LAUNCH_FLAGS = frozenset({"train_dir", "experiment", "restart_behavior", "device
 # What the checkpoint's shapes depend on: changing it for an existing experiment is an error.
 FIXED_FLAGS = ("env", "encoder_mlp_layers", "nonlinearity", "actor_critic_share_weights", "normalize_input",
                "normalize_returns", "num_policies", "encoder_conv_architecture", "encoder_conv_mlp_layers", "use_rnn",
-               "rnn_type", "rnn_size", "rnn_num_layers", "atari_full_action_space")
+               "rnn_type", "rnn_size", "rnn_num_layers", "atari_full_action_space", "encoder_custom")
 
 
 def resume_config(cfg: Config, given: set[str]) -> tuple[Config, list[str]]:
