@@ -26,15 +26,22 @@ T = 4
 ITERATIONS = 3
 
 
-def _cfg(batch_size: int, vtrace: bool) -> Config:
+RNN_SIZE = 8
+
+
+def _cfg(batch_size: int, vtrace: bool, rnn: bool = False) -> Config:
+    extra = dict(use_rnn=True, rnn_size=RNN_SIZE, recurrence=T // 2) if rnn else {}
     return Config(encoder_mlp_layers=[16, 16], batch_size=batch_size, rollout=T, num_workers=1, num_envs_per_worker=2,
-                  with_vtrace=vtrace, num_epochs=2, learning_rate=1e-3, seed=0)
+                  with_vtrace=vtrace, num_epochs=2, learning_rate=1e-3, seed=0, **extra)
 
 
-def _full_batch(iteration: int, B: int, masked: bool = False) -> dict[str, torch.Tensor]:
+def _full_batch(iteration: int, B: int, masked: bool = False, rnn: bool = False) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(100 + iteration)
     dones = (torch.rand(B, T, generator=g) < 0.2).to(torch.uint8)
     extra = {}
+    if rnn:
+        # the behaviour policy's core states before each step (two sequences of T/2 per trajectory)
+        extra["rnn_states"] = torch.randn(B, T + 1, RNN_SIZE, generator=g) * 0.5
     if masked:
         # the two halves hold different numbers of valid samples; in iteration 1 the second half
         # (rank 1's batch) holds none at all
@@ -55,22 +62,22 @@ def _full_batch(iteration: int, B: int, masked: bool = False) -> dict[str, torch
     }
 
 
-def _train(learner: Learner, B: int, part: slice, masked: bool = False) -> list[float]:
+def _train(learner: Learner, B: int, part: slice, masked: bool = False, rnn: bool = False) -> list[float]:
     grad_norms = []
     for it in range(ITERATIONS):
-        batch = {k: v[part] for k, v in _full_batch(it, B, masked).items()}
+        batch = {k: v[part] for k, v in _full_batch(it, B, masked, rnn).items()}
         grad_norms.append(learner.train(batch)["grad_norm"])
     return grad_norms
 
 
-def _replica(rank: int, world: int, port: int, vtrace: bool, masked: bool, out: dict) -> None:
+def _replica(rank: int, world: int, port: int, vtrace: bool, masked: bool, rnn: bool, out: dict) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
         torch.manual_seed(rank)  # different on purpose: DDP's constructor must broadcast rank 0's weights
-        cfg = _cfg(batch_size=2 * T, vtrace=vtrace)
+        cfg = _cfg(batch_size=2 * T, vtrace=vtrace, rnn=rnn)
         learner = Learner(cfg, Derived.of(cfg), SPACES)
         half = Derived.of(cfg).trajectories_per_iteration
-        grad_norms = _train(learner, world * half, slice(rank * half, (rank + 1) * half), masked)
+        grad_norms = _train(learner, world * half, slice(rank * half, (rank + 1) * half), masked, rnn)
         check_replicas_identical(learner_state_tensors(learner.model, learner.optimizer))
         out[rank] = ({k: v.clone() for k, v in learner_state_tensors(learner.model, learner.optimizer).items()},
                      grad_norms)
@@ -84,26 +91,28 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("masked", [False, True], ids=["all-valid", "masked"])
-@pytest.mark.parametrize("vtrace", [False, True], ids=["gae", "vtrace"])
-def test_two_replicas_match_one_learner_on_the_whole_batch(vtrace, masked):
-    """Masked: the replicas hold different numbers of valid samples, one of them none in one iteration."""
+@pytest.mark.parametrize("vtrace, masked, rnn", [(False, False, False), (False, True, False), (True, False, False),
+                                                 (True, True, False), (False, False, True), (True, False, True)],
+                         ids=["gae", "gae-masked", "vtrace", "vtrace-masked", "gae-gru", "vtrace-gru"])
+def test_two_replicas_match_one_learner_on_the_whole_batch(vtrace, masked, rnn):
+    """Masked: the replicas hold different numbers of valid samples, one of them none in one iteration.
+    GRU: the recurrent core re-run over sequences of T/2 steps from the stored states."""
     out = mp.Manager().dict()
-    mp.spawn(_replica, args=(2, _free_port(), vtrace, masked, out), nprocs=2, join=True)
+    mp.spawn(_replica, args=(2, _free_port(), vtrace, masked, rnn, out), nprocs=2, join=True)
     state0, gn0 = out[0]
     state1, gn1 = out[1]
     for k in state0:
         assert torch.equal(state0[k], state1[k]), f"replicas differ in {k}"
     assert gn0 == gn1
     torch.manual_seed(0)
-    cfg = _cfg(batch_size=4 * T, vtrace=vtrace)
+    cfg = _cfg(batch_size=4 * T, vtrace=vtrace, rnn=rnn)
     single = Learner(cfg, Derived.of(cfg), SPACES)
     # the replicas were built with other seeds; rank 0's weights were broadcast: start from them
-    init = _cfg(batch_size=2 * T, vtrace=vtrace)
+    init = _cfg(batch_size=2 * T, vtrace=vtrace, rnn=rnn)
     torch.manual_seed(0)
     single.model.load_state_dict(Learner(init, Derived.of(init), SPACES).model.state_dict())
     B = Derived.of(cfg).trajectories_per_iteration
-    gn_single = _train(single, B, slice(0, B), masked)
+    gn_single = _train(single, B, slice(0, B), masked, rnn)
     for a, b in zip(gn_single, gn0):
         assert math.isclose(a, b, rel_tol=1e-5), (gn_single, gn0)  # the averaged gradient, before clipping
     ref = learner_state_tensors(single.model, single.optimizer)
