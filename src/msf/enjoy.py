@@ -174,9 +174,9 @@ def evaluate(cfg: Config, ev: EvalArgs) -> dict:
         obs, _ = env.reset(seed=seed)
         record()
         ret, length = 0.0, 0
-        state = None  # the recurrent core's state (zeros at each episode start)
+        core_state = None  # the recurrent core's state (zeros at each episode start)
         while len(episodes) < ev.max_num_episodes and frames < ev.max_num_frames:
-            action, state = _policy_action(model, obs, ev.eval_deterministic, bounds, state)
+            action, core_state = _policy_action(model, obs, ev.eval_deterministic, bounds, core_state)
             obs, r, term, trunc, _ = env.step(action)
             ret += float(r)
             length += 1
@@ -186,7 +186,7 @@ def evaluate(cfg: Config, ev: EvalArgs) -> dict:
             if term or trunc:
                 episodes.append({"return": ret, "length": length})
                 print(f"episode {len(episodes)}: return {ret:.2f}, length {length}")
-                ret, length, state = 0.0, 0, None
+                ret, length, core_state = 0.0, 0, None
                 if len(episodes) < ev.max_num_episodes:
                     obs, _ = env.reset()
             if len(episodes) < ev.max_num_episodes:

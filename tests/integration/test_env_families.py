@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -48,6 +50,12 @@ def test_family_trains_end_to_end(train_dir, env, shape, dtype, discrete, frames
     assert 6000 <= s["env_frames"] < 6000 + 128 * frameskip  # the budget counts frames
     cfg = json.loads((train_dir / "fam" / "config.json").read_text())
     assert cfg["env_frameskip"] == frameskip
+    # msf-enjoy plays the trained policy in the evaluation version of the env
+    r = subprocess.run([sys.executable, "-m", "msf.enjoy", f"--env={env}", "--experiment=fam", f"--train_dir={train_dir}",
+                        "--max_num_episodes=1", "--max_num_frames=400"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ev = json.loads((train_dir / "fam" / "eval.json").read_text())
+    assert ev["env_frames"] == 400 or ev["num_episodes"] == 1
 
 
 def test_atari_training_wrappers_and_evaluation_wrappers():

@@ -36,3 +36,15 @@ def test_lstm_core_trains_and_resumes(train_dir):
     s = read_summary(train_dir, "lstm")
     assert s["status"] == "done" and s["env_steps"] >= 40000
     assert "resumed from" in (train_dir / "lstm" / "log.txt").read_text()
+    # msf-enjoy carries the core's state through each episode
+    import json
+    import subprocess
+    import sys
+
+    from .conftest import msf_env
+
+    r = subprocess.run([sys.executable, "-m", "msf.enjoy", "--experiment=lstm", f"--train_dir={train_dir}",
+                        "--max_num_episodes=20"], capture_output=True, text=True, timeout=120, env=msf_env())
+    assert r.returncode == 0, r.stderr[-3000:]
+    ev = json.loads((train_dir / "lstm" / "eval.json").read_text())
+    assert ev["num_episodes"] == 20 and all(e["length"] == 10 for e in ev["episodes"])  # cue, 8 blanks, query
