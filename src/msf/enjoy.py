@@ -104,11 +104,11 @@ def _policy_action(model, obs: np.ndarray, deterministic: bool, bounds, state: t
     with torch.no_grad():
         params, _, state = model.forward_with_states(torch.as_tensor(np.asarray(obs))[None], state)
         dist = model.distribution(params)
-        a = (dist.mean if model.log_std is not None else params.argmax(-1)) if deterministic else dist.sample()
+        a = model.mode(params) if deterministic else dist.sample()
     a = a[0].numpy()
     if bounds is not None:
         a = np.clip(a, *bounds)
-    return (a if model.log_std is not None else int(a)), state
+    return (a if model.log_std is not None or model.nvec is not None else int(a)), state
 
 
 def evaluate(cfg: Config, ev: EvalArgs) -> dict:
@@ -150,6 +150,9 @@ def evaluate(cfg: Config, ev: EvalArgs) -> dict:
     model.eval()
     space = env.action_space
     bounds = (space.low, space.high) if hasattr(space, "low") else None
+    import gymnasium as gym
+
+    tuple_actions = isinstance(space, gym.spaces.Tuple)
     fps = ev.fps or int(env.metadata.get("render_fps") or 30)
     print(f"msf-enjoy: {cfg.env} | {state['path']} (env steps {state['env_steps']}, policy version "
           f"{state['policy_version']}) | {'deterministic' if ev.eval_deterministic else 'sampled'} actions")
@@ -177,6 +180,8 @@ def evaluate(cfg: Config, ev: EvalArgs) -> dict:
         core_state = None  # the recurrent core's state (zeros at each episode start)
         while len(episodes) < ev.max_num_episodes and frames < ev.max_num_frames:
             action, core_state = _policy_action(model, obs, ev.eval_deterministic, bounds, core_state)
+            if tuple_actions:
+                action = tuple(int(x) for x in action)
             obs, r, term, trunc, _ = env.step(action)
             ret += float(r)
             length += 1

@@ -92,3 +92,70 @@ class CueMemory(gym.Env):
 
 
 gym.register("MsfCueMemory-v0", entry_point=CueMemory)
+
+
+class DictMaskEnv(gym.Env):
+    """Dict observations with an action mask: ``cue`` (Discrete(3), the rewarded action), ``noise``
+    (Box(4)) and ``action_mask`` (MultiBinary(3), one action other than the cue forbidden each step).
+    Reward 1 for the cue, 0 for the other allowed action, -10 for the forbidden one; 20 steps. A policy
+    that reads the cue scores 20; a forbidden action can only be taken if the mask is ignored."""
+
+    def __init__(self, render_mode=None):
+        self.render_mode = render_mode
+        self.observation_space = gym.spaces.Dict({
+            "cue": gym.spaces.Discrete(3), "noise": gym.spaces.Box(-1.0, 1.0, (4,), dtype=np.float32),
+            "action_mask": gym.spaces.MultiBinary(3)})
+        self.action_space = gym.spaces.Discrete(3)
+        self.t = 0
+
+    def _obs(self):
+        self.cue = int(self.np_random.integers(3))
+        self.forbidden = int((self.cue + 1 + self.np_random.integers(2)) % 3)
+        mask = np.ones(3, dtype=np.int8)
+        mask[self.forbidden] = 0
+        return {"cue": self.cue, "noise": self.np_random.uniform(-1, 1, 4).astype(np.float32), "action_mask": mask}
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        a = int(action)
+        reward = -10.0 if a == self.forbidden else float(a == self.cue)
+        self.t += 1
+        return self._obs(), reward, False, self.t >= 20, {}
+
+
+class MultiChoiceEnv(gym.Env):
+    """Two choices per step: observations show two targets in {0, 1, 2} (one-hot, 6 floats); each action
+    dimension that names its target earns 0.5; 20 steps. ``MultiDiscrete([3, 3])`` actions, or with
+    ``tuple_actions`` a ``Tuple`` of two ``Discrete(3)``."""
+
+    def __init__(self, tuple_actions: bool = False, render_mode=None):
+        self.render_mode = render_mode
+        self.observation_space = gym.spaces.Box(0.0, 1.0, (6,), dtype=np.float32)
+        self.action_space = gym.spaces.Tuple((gym.spaces.Discrete(3), gym.spaces.Discrete(3))) if tuple_actions \
+            else gym.spaces.MultiDiscrete([3, 3])
+        self.t = 0
+
+    def _obs(self):
+        self.targets = self.np_random.integers(3, size=2)
+        o = np.zeros(6, dtype=np.float32)
+        o[self.targets[0]] = o[3 + self.targets[1]] = 1.0
+        return o
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        reward = 0.5 * sum(int(a) == int(t) for a, t in zip(action, self.targets))
+        self.t += 1
+        return self._obs(), reward, False, self.t >= 20, {}
+
+
+gym.register("MsfDictMask-v0", entry_point=DictMaskEnv)
+gym.register("MsfMultiDiscrete-v0", entry_point=MultiChoiceEnv)
+gym.register("MsfTupleActions-v0", entry_point=MultiChoiceEnv, kwargs={"tuple_actions": True})

@@ -13,6 +13,8 @@ import pytest
 from msf.cfg.presets import SMALL_ENV_FLAGS  # noqa: F401 - used by the tests
 
 HELPERS = str(Path(__file__).resolve().parents[1] / "helpers")
+if HELPERS not in sys.path:
+    sys.path.insert(0, HELPERS)  # the test envs, for the tests that make one in this process
 
 
 def msf_env() -> dict:

@@ -57,6 +57,14 @@ def env_config_of(cfg: Any, worker_index: int = 0, env_index: int = 0, seed: int
             **extra}
 
 
+def flatten_dict_obs(env: gym.Env) -> gym.Env:
+    """A ``Dict`` observation space becomes one float32 vector (gymnasium's ``FlattenObservation``, keys in the
+    space's order, ``Discrete`` one-hot); the model splits it again by :attr:`EnvSpaces.obs_layout`."""
+    if isinstance(env.observation_space, gym.spaces.Dict):
+        return gym.wrappers.FlattenObservation(env)
+    return env
+
+
 def make_env(name: str, env_config: dict[str, Any] | None = None, render_mode: str | None = None) -> gym.Env:
     """Create one environment.
 
@@ -68,10 +76,10 @@ def make_env(name: str, env_config: dict[str, Any] | None = None, render_mode: s
     if fn is not None:
         if render_mode is not None:
             env_config["render_mode"] = render_mode
-        return fn(key, env_config)
+        return flatten_dict_obs(fn(key, env_config))
     try:
         # the env checker costs ~10 us per step on tiny envs, and runs only on the first steps anyway
-        return gym.make(key, disable_env_checker=True, render_mode=render_mode)
+        return flatten_dict_obs(gym.make(key, disable_env_checker=True, render_mode=render_mode))
     except gym.error.Error as e:
         raise ConfigError(
             f"--env: unknown environment {name!r} ({e}). Valid: a gymnasium id such as CartPole-v1, "
@@ -88,8 +96,15 @@ class EnvSpaces:
         obs_dtype: numpy dtype observations are stored as: uint8 for uint8 observations (images),
             else float32.
         discrete: True for a ``Discrete`` action space.
-        num_actions: number of discrete actions, or the size of a ``Box`` action.
+        num_actions: number of discrete actions (the sum over the dimensions of a multi-discrete
+            action: the size of the logits), or the size of a ``Box`` action.
         action_low, action_high: bounds of a ``Box`` action space (None for discrete).
+        action_nvec: the choices of each dimension of a ``MultiDiscrete`` action, or of a ``Tuple``
+            of ``Discrete`` (actions ``[k]`` int64); None for one ``Discrete`` or a ``Box``.
+        obs_layout: for a ``Dict`` observation space, flattened by gymnasium's ``FlattenObservation``
+            into one float32 vector: per key, in order, ``(key, shape, size)``; a ``Discrete`` key is
+            one-hot (shape ``(n,)``); an ``action_mask`` key masks the logits instead of being encoded.
+            None otherwise.
     """
 
     obs_shape: tuple[int, ...]
@@ -98,9 +113,13 @@ class EnvSpaces:
     num_actions: int
     action_low: np.ndarray | None = None
     action_high: np.ndarray | None = None
+    action_nvec: tuple[int, ...] | None = None
+    obs_layout: tuple[tuple[str, tuple[int, ...], int], ...] | None = None
 
     @property
     def action_shape(self) -> tuple[int, ...]:
+        if self.action_nvec is not None:
+            return (len(self.action_nvec),)
         return () if self.discrete else (self.num_actions,)
 
 
@@ -111,18 +130,42 @@ def spaces_of(env: gym.Env) -> EnvSpaces:
         ConfigError: an observation or action space that this version does not support.
     """
     obs, act = env.observation_space, env.action_space
-    if not isinstance(obs, gym.spaces.Box):
-        raise ConfigError(f"--env: observation space {obs} is not supported yet (supported: Box)")
+    layout = None
+    if isinstance(env, gym.wrappers.FlattenObservation) and isinstance(env.env.observation_space, gym.spaces.Dict):
+        layout = tuple(_layout_entry(k, sub) for k, sub in env.env.observation_space.spaces.items())
+    elif not isinstance(obs, gym.spaces.Box):
+        raise ConfigError(f"--env: observation space {obs} is not supported (supported: Box, Dict of Box and "
+                          "Discrete)")
     if len(obs.shape) not in (1, 3):
         raise ConfigError(f"--env: observations of shape {obs.shape} are not supported (supported: vectors, and "
                           "3-D images such as [C, H, W] or [H, W, C])")
-    dtype = np.uint8 if obs.dtype == np.uint8 else np.float32
+    dtype = np.uint8 if obs.dtype == np.uint8 and layout is None else np.float32
+    shape = tuple(obs.shape)
     if isinstance(act, gym.spaces.Discrete):
-        return EnvSpaces(tuple(obs.shape), dtype, True, int(act.n))
+        return EnvSpaces(shape, dtype, True, int(act.n), obs_layout=layout)
+    nvec = None
+    if isinstance(act, gym.spaces.MultiDiscrete) and len(act.nvec.shape) == 1:
+        nvec = tuple(int(n) for n in act.nvec)
+    elif isinstance(act, gym.spaces.Tuple) and all(isinstance(a, gym.spaces.Discrete) for a in act.spaces):
+        nvec = tuple(int(a.n) for a in act.spaces)
+    if nvec is not None:
+        return EnvSpaces(shape, dtype, True, sum(nvec), action_nvec=nvec, obs_layout=layout)
     if isinstance(act, gym.spaces.Box) and len(act.shape) == 1:
-        return EnvSpaces(tuple(obs.shape), dtype, False, int(act.shape[0]),
-                         act.low.astype(np.float32), act.high.astype(np.float32))
-    raise ConfigError(f"--env: action space {act} is not supported yet (supported: Discrete, 1-D Box)")
+        return EnvSpaces(shape, dtype, False, int(act.shape[0]),
+                         act.low.astype(np.float32), act.high.astype(np.float32), obs_layout=layout)
+    raise ConfigError(f"--env: action space {act} is not supported (supported: Discrete, MultiDiscrete, a Tuple of "
+                      "Discrete, 1-D Box)")
+
+
+def _layout_entry(key: str, space: gym.Space) -> tuple[str, tuple[int, ...], int]:
+    if isinstance(space, gym.spaces.Box) and len(space.shape) in (1, 3):
+        return key, tuple(space.shape), int(np.prod(space.shape))
+    if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiBinary)) or \
+            (isinstance(space, gym.spaces.Box) and len(space.shape) in (0, 2)):
+        n = gym.spaces.flatdim(space)
+        return key, (n,), n
+    raise ConfigError(f"--env: observation key {key!r} has space {space}, which is not supported in a Dict "
+                      "observation (supported: Box, Discrete, MultiBinary)")
 
 
 def env_spaces(name: str, env_config: dict[str, Any] | None = None) -> EnvSpaces:

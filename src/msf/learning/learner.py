@@ -83,9 +83,8 @@ class Learner:
         b["valids"] = b["valids"].float() if "valids" in b else torch.ones_like(b["rewards"])
         valid = b["valids"].bool()
         model = self.model
-        if model.obs_normalizer is not None:
-            # statistics from the valid observations acted on (not the bootstrap rows, seen again next time)
-            model.obs_normalizer.update(b["obs"][:, :T][valid])
+        # statistics from the valid observations acted on (not the bootstrap rows, seen again next time)
+        model.update_obs_statistics(b["obs"][:, :T][valid])
         # The behaviour policy's values (recorded by the inference workers) serve for GAE and as the
         # old values of the clipped value loss, as in Sample Factory; only the bootstrap row is
         # evaluated here. That saves a forward pass over the whole batch.

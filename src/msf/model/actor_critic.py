@@ -19,7 +19,8 @@ from torch.distributions import Categorical, Normal
 from msf.cfg.config import Config
 from msf.envs.registry import EnvSpaces
 from msf.learning.normalizers import RunningMeanStd
-from msf.model.encoders import ConvEncoder, custom_encoder, mlp
+from msf.model.distributions import MultiCategorical
+from msf.model.encoders import ConvEncoder, DictEncoder, custom_encoder, mlp
 
 
 
@@ -52,16 +53,31 @@ class ActorCritic(nn.Module):
         super().__init__()
         self.spaces = spaces
         self.image = len(spaces.obs_shape) == 3
+        self.layout = spaces.obs_layout
         if len(spaces.obs_shape) not in (1, 3):
             raise ValueError(f"observations must be vectors or 3-D images, got shape {spaces.obs_shape}")
-        self.obs_normalizer = RunningMeanStd(spaces.obs_shape, clip=5.0) if cfg.normalize_input and not self.image \
-            else None
+        self.obs_normalizer = RunningMeanStd(spaces.obs_shape, clip=5.0) \
+            if cfg.normalize_input and not self.image and self.layout is None else None
+        self.nvec = spaces.action_nvec
+        self.mask_slice = None
+        if self.layout is not None:
+            offset = 0
+            for key, _, size in self.layout:
+                if key == DictEncoder.MASK_KEY:
+                    if size != spaces.num_actions:
+                        raise ValueError(f"the action_mask observation has {size} entries but there are "
+                                         f"{spaces.num_actions} action logits")
+                    self.mask_slice = (offset, offset + size)
+                offset += size
         self.returns_normalizer = RunningMeanStd((), clip=None) if cfg.normalize_returns else None
 
         def encoder() -> tuple[nn.Module, int]:
             if cfg.encoder_custom:
                 enc = custom_encoder(cfg.encoder_custom)(cfg, spaces.obs_shape)
                 return enc, int(enc.out_size)
+            if self.layout is not None:
+                enc = DictEncoder(self.layout, cfg, cfg.normalize_input)
+                return enc, enc.out_size
             if self.image:
                 enc = ConvEncoder(spaces.obs_shape, cfg.encoder_conv_architecture, cfg.encoder_conv_mlp_layers,
                                   cfg.nonlinearity)
@@ -105,6 +121,30 @@ class ActorCritic(nn.Module):
     def normalize_obs(self, obs: torch.Tensor) -> torch.Tensor:
         obs = obs.float()
         return self.obs_normalizer.normalize(obs) if self.obs_normalizer is not None else obs
+
+    def update_obs_statistics(self, obs: torch.Tensor) -> None:
+        """Update the observation normaliser(s) with ``[M, *obs_shape]`` observations (a collective on
+        several ranks: every replica calls it with its own)."""
+        if self.obs_normalizer is not None:
+            self.obs_normalizer.update(obs)
+        for enc in (self.actor_encoder, self.critic_encoder):
+            if isinstance(enc, DictEncoder):
+                enc.update_normalizers(obs.float())
+
+    def _mask(self, params: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+        """Logits of actions the ``action_mask`` observation forbids (entries < 0.5) become -1e9."""
+        if self.mask_slice is None:
+            return params
+        lo, hi = self.mask_slice
+        return params.masked_fill(obs[:, lo:hi].float() < 0.5, -1e9)
+
+    def mode(self, action_params: torch.Tensor) -> torch.Tensor:
+        """The most likely action (the mean of a Gaussian)."""
+        if self.log_std is not None:
+            return action_params
+        if self.nvec is not None:
+            return MultiCategorical(action_params, self.nvec).mode
+        return action_params.argmax(-1)
 
     def _run_core(self, x: torch.Tensor, states: torch.Tensor, dones: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Run the core over ``B`` sequences of ``R`` steps.
@@ -157,7 +197,7 @@ class ActorCritic(nn.Module):
                 rnn_states = torch.zeros(obs.shape[0], self.rnn_state_size, device=obs.device)
             h, new_states = self._run_core(h, rnn_states, dones)
         hc = h if self.critic_encoder is None else self.critic_encoder(x)
-        return self.action_head(h), self.value_head(hc).squeeze(-1), new_states
+        return self._mask(self.action_head(h), obs), self.value_head(hc).squeeze(-1), new_states
 
     def forward(self, obs: torch.Tensor, rnn_states: torch.Tensor | None = None,
                 dones: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -173,6 +213,8 @@ class ActorCritic(nn.Module):
 
     def distribution(self, action_params: torch.Tensor) -> torch.distributions.Distribution:
         """The action distribution of :meth:`forward`'s first output."""
+        if self.nvec is not None:
+            return MultiCategorical(action_params, self.nvec)
         if self.log_std is None:
             return Categorical(logits=action_params, validate_args=False)
         return Normal(action_params, self.log_std.exp().expand_as(action_params), validate_args=False)
@@ -194,7 +236,7 @@ class ActorCritic(nn.Module):
         per call, which matters at batch sizes of 10 to 100).
         """
         params, values, new_states = self.forward_with_states(obs, rnn_states)
-        if self.log_std is not None:
+        if self.log_std is not None or self.nvec is not None:
             dist = self.distribution(params)
             actions = dist.sample()
             return actions, self.log_prob(dist, actions), values, new_states

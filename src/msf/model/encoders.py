@@ -124,3 +124,58 @@ def custom_encoder(spec: str):
         raise ValueError(f"no encoder registered as {name!r} (msf.model.register_encoder; registered: "
                          f"{sorted(_ENCODERS) or 'none'})")
     return _ENCODERS[name]
+
+
+class DictEncoder(nn.Module):
+    """A ``Dict`` observation flattened into ``[N, total]`` float32 (see ``EnvSpaces.obs_layout``), split
+    again per key: 3-D keys through a :class:`ConvEncoder`, the others through their own running mean/std
+    normaliser (with ``normalize_input``) and MLP; the features are concatenated ``[N, out_size]``. The
+    ``action_mask`` key is not encoded.
+
+    Args:
+        layout: ``((key, shape, size), ...)`` in the flattened order.
+    """
+
+    MASK_KEY = "action_mask"
+
+    def __init__(self, layout, cfg, normalize: bool):
+        super().__init__()
+        from msf.learning.normalizers import RunningMeanStd
+
+        self.slices: dict[str, tuple[int, int, tuple[int, ...]]] = {}
+        offset = 0
+        self.encoders = nn.ModuleDict()
+        self.normalizers = nn.ModuleDict()
+        self.out_size = 0
+        for key, shape, size in layout:
+            self.slices[key] = (offset, offset + size, tuple(shape))
+            offset += size
+            if key == self.MASK_KEY:
+                continue
+            if len(shape) == 3:
+                enc = ConvEncoder(shape, cfg.encoder_conv_architecture, cfg.encoder_conv_mlp_layers, cfg.nonlinearity)
+                self.out_size += enc.out_size
+            else:
+                enc = mlp(size, cfg.encoder_mlp_layers, cfg.nonlinearity)
+                self.out_size += cfg.encoder_mlp_layers[-1]
+                if normalize:
+                    self.normalizers[key] = RunningMeanStd((size,), clip=5.0)
+            self.encoders[key] = enc
+
+    def part(self, x: torch.Tensor, key: str) -> torch.Tensor:
+        lo, hi, shape = self.slices[key]
+        return x[:, lo:hi].reshape(x.shape[0], *shape)
+
+    def update_normalizers(self, x: torch.Tensor) -> None:
+        """Update each vector key's normaliser with ``[M, total]`` observations (global moments on several ranks)."""
+        for key, norm in self.normalizers.items():
+            norm.update(self.part(x, key))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        feats = []
+        for key, enc in self.encoders.items():
+            part = self.part(x, key)
+            if key in self.normalizers:
+                part = self.normalizers[key].normalize(part)
+            feats.append(enc(part))
+        return torch.cat(feats, dim=1)

@@ -14,6 +14,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import torch
 
@@ -74,6 +75,7 @@ class RolloutWorker:
             self.envs.append(make_env(cfg.env, env_config_of(cfg, index, env_index, seed + env_index)))
         space = self.envs[0].action_space
         self.action_bounds = (space.low, space.high) if hasattr(space, "low") else None
+        self.tuple_actions = isinstance(space, gym.spaces.Tuple)  # a Tuple of Discrete: actions [k] as a tuple
         self.seeds = [seed + index * self.E + e for e in range(self.E)]
         self.ep_return = np.zeros(self.E, dtype=np.float64)
         self.ep_len = np.zeros(self.E, dtype=np.int64)
@@ -120,7 +122,7 @@ class RolloutWorker:
         next_obs = [None] * n
         for i in range(n):
             e = lo + i
-            obs, r, term, trunc, _ = self.envs[e].step(actions[i])
+            obs, r, term, trunc, _ = self.envs[e].step(tuple(actions[i].tolist()) if self.tuple_actions else actions[i])
             rew[i] = r
             self.ep_return[e] += r
             self.ep_len[e] += 1
