@@ -31,3 +31,17 @@ def test_bounds():
         lr = s.update(1.0)
     assert lr == 1e-5
     assert _sched(lr=9e-3).update(0.0) == 1e-2  # a step past the bound stops at it
+
+
+def test_linear_decay_follows_the_spent_share_of_the_budget():
+    import numpy as np
+
+    from msf.cfg.config import Config, Derived
+    from msf.envs.registry import EnvSpaces
+    from msf.learning.learner import Learner
+
+    cfg = Config(encoder_mlp_layers=[4], lr_schedule="linear_decay", learning_rate=2e-3)
+    learner = Learner(cfg, Derived.of(cfg), EnvSpaces((3,), np.float32, True, 2))
+    for fraction, lr in ((0.0, 2e-3), (0.25, 1.5e-3), (1.0, 0.0), (1.2, 0.0)):
+        learner.set_progress(fraction)
+        assert learner.lr == pytest.approx(lr)

@@ -79,10 +79,11 @@ class Config:
     learning_rate: float = _f(1e-4, "Adam learning rate", LEARNING)
     lr_schedule: str = _f(
         "constant",
-        "constant, or kl_adaptive_minibatch / kl_adaptive_epoch: divide the lr by 1.5 when the KL exceeds 2x "
-        "lr_schedule_kl_threshold, multiply it by 1.5 when it is below half of it, after each minibatch / epoch",
+        "constant; kl_adaptive_minibatch / kl_adaptive_epoch: divide the lr by 1.5 when the KL exceeds 2x "
+        "lr_schedule_kl_threshold, multiply it by 1.5 when it is below half of it, after each minibatch / epoch; "
+        "linear_decay: from learning_rate down to 0 at train_for_env_steps",
         LEARNING,
-        ("constant", "kl_adaptive_minibatch", "kl_adaptive_epoch"),
+        ("constant", "kl_adaptive_minibatch", "kl_adaptive_epoch", "linear_decay"),
     )
     lr_schedule_kl_threshold: float = _f(0.008, "KL target of the adaptive lr schedules", LEARNING)
     lr_adaptive_min: float = _f(1e-6, "Lowest lr of the adaptive schedules", LEARNING)

@@ -49,7 +49,7 @@ class Learner:
             if is_distributed() else None
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps,
                                           betas=(cfg.adam_beta1, cfg.adam_beta2))
-        self.lr_schedule = None if cfg.lr_schedule == "constant" else KlAdaptiveLR(
+        self.lr_schedule = None if cfg.lr_schedule in ("constant", "linear_decay") else KlAdaptiveLR(
             cfg.learning_rate, cfg.lr_schedule_kl_threshold, cfg.lr_adaptive_min, cfg.lr_adaptive_max)
         self.train_step = 0
 
@@ -64,6 +64,13 @@ class Learner:
     @property
     def lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"]
+
+    def set_progress(self, fraction: float) -> None:
+        """The share of the step budget spent so far, in ``[0, 1]``: with ``linear_decay`` the lr becomes
+        ``learning_rate x (1 - fraction)``. The training loop calls it before each iteration with the global
+        count, so every replica sets the same lr."""
+        if self.cfg.lr_schedule == "linear_decay":
+            self._set_lr(self.cfg.learning_rate * max(0.0, 1.0 - fraction))
 
     def _set_lr(self, lr: float) -> None:
         for g in self.optimizer.param_groups:

@@ -381,6 +381,7 @@ class TrainingLoop:
             if self.frames >= self.cfg.train_for_env_steps or g[_TIME]:
                 self.request_stop("done")
                 break
+            self.learner.set_progress(self.frames / self.cfg.train_for_env_steps)
             self._train(batch)
         self.progress.close()
         self._summaries()
