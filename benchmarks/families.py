@@ -1,0 +1,178 @@
+"""Pixel environments side by side with Sample Factory 2: atari_pong and doom_basic.
+
+Two modes:
+
+* ``--mode throughput`` (default): each workload trains for ``--seconds``; the table gives the
+  steady-state training FPS (env frames per second, frameskip 4; the median of the 10-s figures
+  after ``--warmup``) of msf and, with ``--sf2_python``, of Sample Factory 2.1.1 with the same
+  arguments, measured in the same run, and their ratio.
+* ``--mode curves --frames 2000000``: each trains to that many frames; the table gives the mean
+  return (last 100 episodes) at every 20% of the budget, the wall time and the FPS, and the return of
+  a random policy beside them.
+
+The arguments are Sample Factory's own defaults for these families (``atari_override_defaults``, and for
+Doom its global defaults with the Doom overrides), spelled as msf flags; Sample Factory gets the same
+command line. Its "symmetric_kl" exploration loss for Doom has no msf equivalent: msf uses the entropy
+bonus with the same coefficient.
+
+Usage: python benchmarks/families.py [--mode throughput|curves] [--seconds 120] [--frames 2000000]
+       [--sf2_python /tmp/anchors-venv/bin/python] [--only atari_pong]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+PEERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "peers")
+
+WORKLOADS = {
+    "atari_pong": ["--env=atari_pong", "--num_workers=2", "--num_envs_per_worker=4", "--encoder_conv_architecture=convnet_atari",
+                   "--nonlinearity=relu", "--exploration_loss_coeff=0.01", "--batch_size=256", "--rollout=128",
+                   "--max_grad_norm=0.5", "--num_epochs=4", "--num_batches_per_epoch=4", "--learning_rate=0.00025",
+                   "--lr_schedule=linear_decay", "--adam_eps=1e-5", "--seed=0"],
+    "doom_basic": ["--env=doom_basic", "--num_workers=2", "--num_envs_per_worker=8", "--use_rnn=True", "--rnn_size=512",
+                   "--batch_size=1024", "--rollout=32", "--ppo_clip_value=0.2", "--exploration_loss_coeff=0.001",
+                   "--seed=0"],
+}
+SF2_ENTRY = {"atari_pong": [os.path.join(PEERS, "sf_atari_ale.py")], "doom_basic": ["-m", "sf_examples.vizdoom.train_vizdoom"]}
+MSF_STATUS = re.compile(r"frames (\d+) \| fps (\d+) \(10 s\).*? return_mean (n/a|-?[\d.]+)")
+SF2_STATUS = re.compile(r"Fps is \(10 sec: ([\d.na]+),.*Total num frames: (\d+)")
+SF2_REWARD = re.compile(r"Avg episode reward: \[\(0, '(-?[\d.]+)'\)\]")
+
+
+def _run(cmd: list[str], parse, seconds: float, cwd: str) -> tuple[list[tuple], float]:
+    """Run ``cmd`` (its own session) until it exits or ``seconds`` pass; ``parse(line, t)`` collects rows."""
+    rows: list[tuple] = []
+    t0 = time.time()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd,
+                         start_new_session=True)
+    try:
+        for line in p.stdout:
+            row = parse(line, time.time() - t0)
+            if row is not None:
+                rows.append(row)
+            if time.time() - t0 >= seconds:
+                break
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGINT)
+            p.wait(timeout=30)
+        except (subprocess.TimeoutExpired, ProcessLookupError):
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    return rows, time.time() - t0
+
+
+def run_msf(name: str, seconds: float, frames: int | None) -> tuple[list[tuple], float]:
+    """Rows ``(t, frames, fps10, return_mean or None)`` of msf's status lines."""
+    exe = os.path.join(os.path.dirname(sys.executable), "msf-train")
+
+    def parse(line: str, t: float):
+        m = MSF_STATUS.search(line)
+        if m:
+            return t, int(m.group(1)), float(m.group(2)), None if m.group(3) == "n/a" else float(m.group(3))
+        return None
+
+    with tempfile.TemporaryDirectory() as td:
+        budget = [f"--train_for_env_steps={frames}"] if frames else [f"--train_for_seconds={int(seconds)}"]
+        cmd = [exe, *WORKLOADS[name], "--device=cpu", "--experiment=bench", f"--train_dir={td}", *budget,
+               "--experiment_summaries_interval=5", "--with_progress_bar=False", "--restart_behavior=overwrite"]
+        return _run(cmd, parse, seconds if not frames else 10**9, td)
+
+
+def run_sf2(python: str, name: str, seconds: float, frames: int | None) -> tuple[list[tuple], float]:
+    """Rows ``(t, frames, fps10, return_mean or None)`` of Sample Factory 2's report lines."""
+    last: dict = {}
+
+    def parse(line: str, t: float):
+        line = re.sub(r"\x1b\[[0-9;]*m", "", line)
+        m = SF2_STATUS.search(line)
+        if m:
+            fps = float(m.group(1)) if m.group(1) != "nan" else 0.0
+            last.update(t=t, frames=int(m.group(2)), fps=fps)
+            return t, int(m.group(2)), fps, None
+        m = SF2_REWARD.search(line)
+        if m and last:
+            return last["t"], last["frames"], last["fps"], float(m.group(1))
+        return None
+
+    # Sample Factory's command line refuses linear_decay, which is its Atari default: leave the flag to it
+    flags = [f for f in WORKLOADS[name] if not f.startswith("--lr_schedule")]
+    with tempfile.TemporaryDirectory() as td:
+        budget = [f"--train_for_env_steps={frames}"] if frames else []
+        cmd = [python, *SF2_ENTRY[name], *flags, "--device=cpu", "--experiment=bench_sf2", f"--train_dir={td}",
+               "--restart_behavior=overwrite", "--with_wandb=False", *budget]
+        return _run(cmd, parse, seconds if not frames else 10**9, td)
+
+
+def steady_fps(rows: list[tuple], warmup: float) -> float | None:
+    vals = [r[2] for r in rows if r[0] >= warmup and r[2] > 0]
+    return statistics.median(vals) if vals else None
+
+
+def random_return(name: str, episodes: int = 5) -> float:
+    """Mean return of uniformly random actions over ``episodes`` evaluation episodes (the game's own rewards)."""
+    from msf.cfg.config import Config
+    from msf.envs.registry import env_config_of, make_env
+
+    env = make_env(name, env_config_of(Config(), seed=0, evaluation=True))
+    total = 0.0
+    for e in range(episodes):
+        env.reset(seed=e)
+        done = False
+        while not done:
+            _, r, term, trunc, _ = env.step(env.action_space.sample())
+            total += float(r)
+            done = term or trunc
+    env.close()
+    return total / episodes
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mode", choices=("throughput", "curves"), default="throughput")
+    ap.add_argument("--seconds", type=float, default=120)
+    ap.add_argument("--warmup", type=float, default=40)
+    ap.add_argument("--frames", type=int, default=2_000_000)
+    ap.add_argument("--sf2_python", default=None)
+    ap.add_argument("--only", default=None, choices=tuple(WORKLOADS))
+    a = ap.parse_args()
+    names = [a.only] if a.only else list(WORKLOADS)
+    if a.mode == "throughput":
+        print("| workload | msf training FPS | Sample Factory 2 training FPS | msf / SF2 |")
+        print("|---|---|---|---|")
+        for name in names:
+            msf = steady_fps(run_msf(name, a.seconds, None)[0], a.warmup)
+            sf2 = steady_fps(run_sf2(a.sf2_python, name, a.seconds, None)[0], a.warmup) if a.sf2_python else None
+            ratio = f"{msf / sf2:.2f}x" if msf and sf2 else "n/a"
+            print(f"| {name} | {msf or 0:,.0f} | {'n/a' if sf2 is None else f'{sf2:,.0f}'} | {ratio} |", flush=True)
+        return
+    for name in names:
+        print(f"\n{name}: {a.frames:,} frames; random policy: {random_return(name):.1f}")
+        runs = {"msf": run_msf(name, 0, a.frames)}
+        if a.sf2_python:
+            runs["Sample Factory 2"] = run_sf2(a.sf2_python, name, 0, a.frames)
+        marks = [a.frames * k // 5 for k in range(1, 6)]
+        print("| system | " + " | ".join(f"return at {m / 1e6:.1f}M" for m in marks) + " | wall s | FPS |")
+        print("|---|" + "---|" * (len(marks) + 2))
+        for system, (rows, wall) in runs.items():
+            rets = []
+            for m in marks:
+                seen = [r[3] for r in rows if r[1] <= m * 1.02 and r[3] is not None]
+                rets.append(f"{seen[-1]:.1f}" if seen else "n/a")
+            last = rows[-1][1] if rows else 0
+            print(f"| {system} | " + " | ".join(rets) + f" | {wall:.0f} | {last / max(wall, 1e-9):,.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
