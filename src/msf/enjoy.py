@@ -95,6 +95,12 @@ def _load_config(cfg: Config, given: set[str]) -> Config:
     except (OSError, ValueError, TypeError) as e:
         raise ConfigError(f"--experiment: the saved config {path} is unreadable ({e})") from None
     current = cfg.to_dict()
+    from msf.runner.experiment import FIXED_FLAGS
+
+    for k in sorted(given & set(FIXED_FLAGS)):
+        if saved[k] != current[k]:
+            raise ConfigError(f"--{k}: the experiment {cfg.experiment!r} was trained with {saved[k]!r}, not "
+                              f"{current[k]!r}: its checkpoints fit only that")
     saved.update({k: current[k] for k in given if k in current})
     return Config(**saved)
 

@@ -48,6 +48,19 @@ def check_model(cfg, spaces) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse, validate and resolve (before any process is spawned), train; return the exit code."""
+    import signal
+
+    # a Ctrl-C before training begins ends the run at once (exit 130), even where the shell started
+    # this process with SIGINT ignored (a background job of a script)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("msf-train: interrupted before training began: nothing was trained or saved", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
     cfg, given = parse_args(argv, description=DESCRIPTION)
     try:
         from msf.envs.families import apply_family_defaults

@@ -89,3 +89,25 @@ def test_second_ctrl_c_exits_at_once(train_dir):
         if p.poll() is None:
             p.kill()
     assert p.returncode == 130, p.returncode  # os._exit(130), not the clean stop's 0
+
+
+def test_ctrl_c_during_start_up_exits_130_even_when_started_with_sigint_ignored(train_dir):
+    """A script's background job inherits SIGINT ignored; msf-train still honours a Ctrl-C before training."""
+    import subprocess
+    import sys
+
+    from .conftest import msf_env
+
+    p = subprocess.Popen([sys.executable, "-m", "msf.train", "--device=cpu", "--env=CartPole-v1", "--experiment=early",
+                          f"--train_dir={train_dir}", "--num_workers=2", "--train_for_env_steps=5000000"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=msf_env(),
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        time.sleep(1.5)
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130, err[-2000:]
+    assert "interrupted before training began" in err

@@ -99,6 +99,12 @@ def test_flags_on_resume_override_with_a_warning_and_fixed_flags_are_refused(tra
     assert "--learning_rate: 0.0003 -> 0.001" in r.stderr
     cfg = json.loads((exp / "config.json").read_text())
     assert cfg["learning_rate"] == 1e-3 and cfg["batch_size"] == 512  # overridden, and kept from the saved config
+    # a changed lr is applied to a resumed run too, not the checkpoint's
+    r = run_msf(["--experiment=ov", f"--train_dir={train_dir}", "--learning_rate=2e-3", "--train_for_env_steps=4000"],
+                timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "resumed from" in (exp / "log.txt").read_text()
+    assert read_curves(str(exp))["train/lr"].values[-1] == pytest.approx(2e-3)
 
 
 def test_best_checkpoint_holds_the_best_mean_return(trained_cartpole):
@@ -143,6 +149,8 @@ def test_enjoy_falls_back_from_a_truncated_checkpoint_and_loads_the_best(trained
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads((exp / "eval.json").read_text())["checkpoint"] == str(older)
     assert f"checkpoint {newer} is unreadable" in r.stderr
+    # the broken file is kept aside, out of the rotation that would otherwise delete the good one
+    assert not newer.exists() and newer.with_name(newer.name + ".bad").exists()
     r = run_tool("msf.enjoy", [*base, "--load_checkpoint_kind=best"])
     assert r.returncode == 0, r.stderr[-3000:]
     assert "/best_" in json.loads((exp / "eval.json").read_text())["checkpoint"]
@@ -154,6 +162,9 @@ def test_enjoy_bad_input_one_line_exit_2(tmp_path):
     (tmp_path / "empty").mkdir()
     r = run_tool("msf.enjoy", ["--experiment=empty", f"--train_dir={tmp_path}"])
     assert r.returncode == 2 and "no readable latest checkpoint" in r.stderr
+    (tmp_path / "empty" / "config.json").write_text(json.dumps(Config(env="CartPole-v1").to_dict()))
+    r = run_tool("msf.enjoy", ["--experiment=empty", f"--train_dir={tmp_path}", "--env=Acrobot-v1"])
+    assert r.returncode == 2 and r.stderr.strip().startswith("msf-enjoy: error: --env: the experiment 'empty' was trained with")
 
 
 def test_plot_of_a_real_run(trained_cartpole, tmp_path):

@@ -72,6 +72,12 @@ class Learner:
         if self.cfg.lr_schedule == "linear_decay":
             self._set_lr(self.cfg.learning_rate * max(0.0, 1.0 - fraction))
 
+    def set_lr(self, lr: float) -> None:
+        """Set the lr now (and the adaptive schedule's current value)."""
+        self._set_lr(lr)
+        if self.lr_schedule is not None:
+            self.lr_schedule.lr = lr
+
     def _set_lr(self, lr: float) -> None:
         for g in self.optimizer.param_groups:
             g["lr"] = lr

@@ -118,13 +118,19 @@ class CheckpointRefused(RuntimeError):
 def load_latest_checkpoint(exp_dir: str, policy: int = 0, map_location: str = "cpu", kind: str = "latest") -> dict | None:
     """The newest readable checkpoint of ``kind`` (``latest`` or ``best``), or None when there is none.
 
-    A corrupt, truncated or refused file is reported in the log and the one before it is tried.
+    A corrupt, truncated or refused file is reported in the log, renamed to ``*.pth.bad`` (kept for
+    inspection, out of the rotation, so that the next checkpoints never delete the good one in its
+    favour), and the one before it is tried.
     """
     for path in reversed(list_checkpoints(exp_dir, policy, kind)):
         try:
             return load_checkpoint_file(path, map_location)
         except Exception as e:  # noqa: BLE001 - any unreadable file: fall back to the previous one
             log.warning("checkpoint %s is unreadable (%s); trying the previous one", path, e)
+            try:
+                os.replace(path, path + ".bad")
+            except OSError:
+                pass  # another rank of this node moved it already, or a read-only folder
     return None
 
 

@@ -119,6 +119,11 @@ def run_device_group(cfg: Config, spaces: EnvSpaces, rank: RankInfo) -> dict | N
         state = load_newest_state(state)
     if state is not None:
         learner.load_state_dict(state)
+        saved_lr = state.get("config", {}).get("learning_rate")
+        if saved_lr is not None and saved_lr != cfg.learning_rate:
+            # --learning_rate was changed on the command line: it replaces the checkpoint's lr
+            learner.set_lr(cfg.learning_rate)
+            log.info("learning rate set to %g (--learning_rate changed from %g)", cfg.learning_rate, saved_lr)
         counters = Counters(env_steps=state["env_steps"], episodes=state["episodes"],
                             dropped_trajectories=state["dropped_trajectories"],
                             returns=state["episode_returns"], lengths=state["episode_lengths"],
