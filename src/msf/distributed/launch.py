@@ -236,6 +236,18 @@ def _run_rank(rank: RankInfo, cfg: Config, spaces: EnvSpaces, plan: NodePlan, at
             pass
 
 
+def _wait_for_listener(addr: str, port: int, deadline: float) -> None:
+    """Return once ``addr:port`` accepts a TCP connection; raise TimeoutError at ``deadline`` (monotonic)."""
+    while True:
+        try:
+            with socket.create_connection((addr, port), timeout=1.0):
+                return
+        except OSError:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"{addr}:{port} did not accept a connection") from None
+            time.sleep(0.2)
+
+
 def _fingerprint(cfg: Config) -> dict:
     """What must be the same on every node: the config minus :data:`PER_NODE_FLAGS` (seed kept, to adopt)."""
     d = cfg.to_dict()
@@ -304,6 +316,9 @@ def _join(rank: RankInfo, cfg: Config, plan: NodePlan, attempt: int) -> tuple[An
             _LISTENERS.append(sock)  # the store serves on this socket: keep it open for the process's life
         else:
             try:
+                # wait for the listener with plain sockets first: a failing TCPStore client takes longer than
+                # its time-out and prints C++ stack traces while it retries
+                _wait_for_listener(addr, port, deadline)
                 raw = dist.TCPStore(addr, port, rank.world_size, is_master=False, timeout=timeout)
             except Exception:  # noqa: BLE001 - a time-out or a refused connection
                 raise RuntimeError(f"could not reach {where} (rank 0, node 0: "
