@@ -88,6 +88,10 @@ def _main(argv: list[str] | None) -> int:
         from msf.envs.registry import env_config_of
 
         spaces = env_spaces(cfg.env, env_config_of(cfg))
+        if cfg.env_backend == "envpool":
+            from msf.envs.vector import check_envpool
+
+            check_envpool(cfg, spaces)
         check_model(cfg, spaces)
     except ConfigError as e:
         print(f"msf-train: error: {e}", file=sys.stderr)

@@ -64,6 +64,7 @@ class Config:
     recurrence: int = _f(-1, "Length of the sequences the learner re-runs the recurrent core over (backpropagation through time); -1: rollout with --use_rnn, else 1. Must divide rollout", SAMPLING)
     max_policy_lag: int = _f(1000, "Trajectories whose oldest action is more than this many policy versions old are dropped (and counted)", SAMPLING)
     env_frameskip: int = _f(1, "Frames covered by one env step, for counting env frames (gymnasium envs: 1; atari_* and doom_*: 4 unless given)", SAMPLING)
+    env_backend: str = _f("gymnasium", "How rollout workers step their envs: gymnasium (one env object each, a Python loop) or envpool (one EnvPool per split of a worker, one C++ call; atari_* and mujoco_*, extra [envpool])", SAMPLING, ("gymnasium", "envpool"))
     atari_sticky_actions: bool = _f(False, "atari_*: sticky actions (the previous action repeats with probability 0.25, Machado et al. 2018)", SAMPLING)
     atari_full_action_space: bool = _f(False, "atari_*: the full set of 18 actions instead of the game's minimal set", SAMPLING)
     summaries_use_frameskip: bool = _f(True, "Count env frames (steps x frameskip) in the step budget, the curves' x-axis and FPS", SAMPLING)

@@ -14,12 +14,11 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 import torch
 
 from msf.cfg.config import Config, Derived
-from msf.envs.registry import env_config_of, make_env
+from msf.envs.vector import make_split
 from msf.sampling.messages import EpisodeStats, FullTrajectories
 from msf.sampling.trajectory_buffer import TrajectoryBuffer
 from msf.runner.supervision import parent_alive
@@ -69,14 +68,11 @@ class RolloutWorker:
         first = index * derived.slots_per_worker
         self.free_slots = collections.deque(range(first, first + derived.slots_per_worker))
         seed = cfg.seed if cfg.seed is not None else int(np.random.SeedSequence().entropy % (2**31))
-        self.envs = []
-        for e in range(self.E):
-            env_index = index * self.E + e
-            self.envs.append(make_env(cfg.env, env_config_of(cfg, index, env_index, seed + env_index)))
-        space = self.envs[0].action_space
+        # one EnvSplit per split: envs [lo, hi) of this worker, global env index index * E + e
+        self.splits = [make_split(cfg, index, [index * self.E + e for e in range(s * self.eps, (s + 1) * self.eps)],
+                                  seed) for s in range(cfg.worker_num_splits)]
+        space = self.splits[0].action_space
         self.action_bounds = (space.low, space.high) if hasattr(space, "low") else None
-        self.tuple_actions = isinstance(space, gym.spaces.Tuple)  # a Tuple of Discrete: actions [k] as a tuple
-        self.seeds = [seed + index * self.E + e for e in range(self.E)]
         self.ep_return = np.zeros(self.E, dtype=np.float64)
         self.ep_len = np.zeros(self.E, dtype=np.int64)
         self.done_returns: list[float] = []
@@ -100,13 +96,14 @@ class RolloutWorker:
             raise _Stop
 
     def _reset_all(self) -> None:
-        for e, env in enumerate(self.envs):
-            obs, _ = env.reset(seed=self.seeds[e])
-            slot = self._take_slot()
-            self.cursors[e] = (slot, 0)
-            self.obs[slot, 0] = obs
-            if self.rnn_states is not None:
-                self.rnn_states[slot, 0] = 0.0
+        for split, envs in enumerate(self.splits):
+            for i, obs in enumerate(envs.reset()):
+                e = split * self.eps + i
+                slot = self._take_slot()
+                self.cursors[e] = (slot, 0)
+                self.obs[slot, 0] = obs
+                if self.rnn_states is not None:
+                    self.rnn_states[slot, 0] = 0.0
 
     def _step_split(self, split: int) -> None:
         lo, hi = split * self.eps, (split + 1) * self.eps
@@ -115,26 +112,17 @@ class RolloutWorker:
         actions = self.actions[slots, ts]
         if self.action_bounds is not None:
             actions = np.clip(actions, *self.action_bounds)
-        n = hi - lo
-        rew = np.empty(n, dtype=np.float32)
-        done = np.zeros(n, dtype=np.uint8)
-        tout = np.zeros(n, dtype=np.uint8)
-        next_obs = [None] * n
-        for i in range(n):
-            e = lo + i
-            obs, r, term, trunc, _ = self.envs[e].step(tuple(actions[i].tolist()) if self.tuple_actions else actions[i])
-            rew[i] = r
-            self.ep_return[e] += r
-            self.ep_len[e] += 1
-            if term or trunc:
-                done[i] = 1
-                tout[i] = trunc and not term
-                self.done_returns.append(float(self.ep_return[e]))
-                self.done_lengths.append(int(self.ep_len[e]))
-                self.ep_return[e] = 0.0
-                self.ep_len[e] = 0
-                obs, _ = self.envs[e].reset()
-            next_obs[i] = obs
+        next_obs, rew, term, trunc = self.splits[split].step(actions)
+        ended = term | trunc
+        done = ended.astype(np.uint8)
+        tout = (trunc & ~term).astype(np.uint8)
+        self.ep_return[lo:hi] += rew
+        self.ep_len[lo:hi] += 1
+        for i in np.nonzero(ended)[0]:
+            self.done_returns.append(float(self.ep_return[lo + i]))
+            self.done_lengths.append(int(self.ep_len[lo + i]))
+        self.ep_return[lo:hi][ended] = 0.0
+        self.ep_len[lo:hi][ended] = 0
         self.rewards[slots, ts] = rew
         self.dones[slots, ts] = done
         self.time_outs[slots, ts] = tout
@@ -189,8 +177,8 @@ class RolloutWorker:
         except _Stop:
             return
         finally:
-            for env in self.envs:
-                env.close()
+            for envs in self.splits:
+                envs.close()
 
 
 def rollout_worker_main(*args: Any) -> None:

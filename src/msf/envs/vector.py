@@ -1,0 +1,179 @@
+"""The envs of one split of a rollout worker, stepped together: the env backend.
+
+A rollout worker steps its ``num_envs_per_worker`` envs in ``worker_num_splits`` groups (splits);
+each split is one :class:`EnvSplit`. Two backends (``--env_backend``):
+
+* ``gymnasium`` (default): one gymnasium env per slot, stepped in a Python loop (:class:`GymSplit`);
+* ``envpool``: one EnvPool instance per split (:class:`EnvPoolSplit`), which steps all of the split's
+  envs in one C++ call; for ``atari_*`` and ``mujoco_*``.
+
+Both return the observation *after* an episode end as the first observation of the next episode
+(gymnasium's autoreset within the step), so the rollout worker does not know which backend it drives.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from msf.cfg.validation import ConfigError
+from msf.envs.registry import env_config_of, make_env
+
+ENVPOOL_FAMILIES = ("atari_", "mujoco_")
+
+
+class GymSplit:
+    """``n`` gymnasium envs made by :func:`msf.envs.registry.make_env`, stepped one after the other.
+
+    Args:
+        cfg: the run's config. worker_index: the rollout worker. env_indices: global indices of the envs
+            (their seeds are ``seed + index``). seed: the run's seed.
+    """
+
+    def __init__(self, cfg: Any, worker_index: int, env_indices: list[int], seed: int):
+        self.envs = [make_env(cfg.env, env_config_of(cfg, worker_index, i, seed + i)) for i in env_indices]
+        self.seeds = [seed + i for i in env_indices]
+        self.action_space = self.envs[0].action_space
+        self.tuple_actions = isinstance(self.action_space, gym.spaces.Tuple)
+
+    def reset(self) -> list[np.ndarray]:
+        """The first observation of every env (seeded), a list of ``n`` arrays."""
+        return [env.reset(seed=s)[0] for env, s in zip(self.envs, self.seeds)]
+
+    def step(self, actions: np.ndarray) -> tuple[list[np.ndarray], np.ndarray, np.ndarray, np.ndarray]:
+        """Step every env with ``actions[i]``.
+
+        Returns:
+            obs (``n`` arrays; after an episode end, the next episode's first observation), rewards
+            ``[n]`` float32, terminated ``[n]`` bool, truncated ``[n]`` bool.
+        """
+        n = len(self.envs)
+        rew = np.empty(n, dtype=np.float32)
+        term = np.zeros(n, dtype=bool)
+        trunc = np.zeros(n, dtype=bool)
+        obs_out = [None] * n
+        for i, env in enumerate(self.envs):
+            obs, r, te, tr, _ = env.step(tuple(actions[i].tolist()) if self.tuple_actions else actions[i])
+            rew[i], term[i], trunc[i] = r, te, tr
+            if te or tr:
+                obs, _ = env.reset()
+            obs_out[i] = obs
+        return obs_out, rew, term, trunc
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+
+def envpool_task(name: str) -> str:
+    """The EnvPool task id of an msf env name: ``atari_space_invaders`` -> ``SpaceInvaders-v5``,
+    ``mujoco_hopper`` -> ``Hopper-v5``.
+
+    Raises:
+        ConfigError: EnvPool is not installed (names the pip command), the family is not one EnvPool
+            serves here, or EnvPool has no such task.
+    """
+    from msf.envs.families import MUJOCO, family_of
+
+    family = family_of(name)
+    if family not in ENVPOOL_FAMILIES:
+        raise ConfigError(f"--env_backend=envpool: serves atari_* and mujoco_* envs only, not {name!r}; "
+                          "use --env_backend=gymnasium")
+    try:
+        import envpool
+    except ImportError:
+        raise ConfigError("--env_backend=envpool needs the envpool extra: "
+                          "pip install 'multi-sample-factory[envpool]'") from None
+    if family == "mujoco_":
+        task = MUJOCO.get(name[len("mujoco_"):])
+        if task is None:
+            raise ConfigError(f"--env: unknown MuJoCo task {name!r}; valid: " + ", ".join(f"mujoco_{k}" for k in MUJOCO))
+    else:
+        key = name[len("atari_"):].replace("_", "").lower() + "-v5"
+        task = next((t for t in envpool.list_all_envs() if t.lower() == key), None)
+        if task is None:
+            raise ConfigError(f"--env: EnvPool has no Atari game {name!r} (atari_<game>, e.g. atari_pong)")
+    if task not in envpool.list_all_envs():
+        raise ConfigError(f"--env_backend=envpool: EnvPool {envpool.__version__} has no task {task}")
+    return task
+
+
+def make_envpool(cfg: Any, num_envs: int, seed: int, evaluation: bool = False) -> Any:
+    """An EnvPool (gymnasium API, synchronous, one thread) of ``num_envs`` envs of ``cfg.env``, with the
+    preprocessing of the gymnasium backend: for Atari 30 no-op starts, frameskip 4 with max-pooling, 84x84
+    grayscale, 4 stacked frames ``[4, 84, 84]`` uint8, no fire on reset, at most 27,000 steps
+    (108,000 frames), and for training life loss as episode end (the game goes on) and rewards clipped to
+    their sign; sticky actions and the full action set from the ``atari_*`` flags."""
+    import envpool
+
+    task = envpool_task(cfg.env)
+    kw: dict[str, Any] = {}
+    if cfg.env.startswith("atari_"):
+        kw = dict(stack_num=4, frame_skip=4, noop_max=30, img_height=84, img_width=84, gray_scale=True,
+                  episodic_life=not evaluation, reward_clip=not evaluation, use_fire_reset=False,
+                  max_episode_steps=27_000, repeat_action_probability=0.25 if cfg.atari_sticky_actions else 0.0,
+                  full_action_space=bool(cfg.atari_full_action_space))
+    return envpool.make(task, env_type="gymnasium", num_envs=num_envs, batch_size=num_envs, num_threads=1,
+                        seed=int(seed), **kw)
+
+
+class EnvPoolSplit:
+    """``n`` envs in one EnvPool, stepped in one call.
+
+    EnvPool resets an env on the step *after* its episode ended (that step ignores its action and returns
+    the first observation with reward 0). Here the ended envs are stepped once more at once, alone (EnvPool's
+    ``env_id`` argument), so the observation returned with the end is already the next episode's first, as
+    with :class:`GymSplit`.
+    """
+
+    def __init__(self, cfg: Any, worker_index: int, env_indices: list[int], seed: int):
+        self.pool = make_envpool(cfg, len(env_indices), seed + env_indices[0])
+        self.action_space = self.pool.action_space
+        self.n = len(env_indices)
+        self.discrete = isinstance(self.action_space, gym.spaces.Discrete)
+
+    def reset(self) -> np.ndarray:
+        return self.pool.reset()[0]
+
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        actions = np.asarray(actions)
+        obs, rew, term, trunc, info = self.pool.step(actions, np.arange(self.n, dtype=np.int32))
+        order = info["env_id"]
+        if not np.array_equal(order, np.arange(self.n)):  # a synchronous pool keeps the order; be sure
+            inv = np.argsort(order)
+            obs, rew, term, trunc = obs[inv], rew[inv], term[inv], trunc[inv]
+        ended = np.nonzero(term | trunc)[0].astype(np.int32)
+        if len(ended):
+            obs = obs.copy()
+            first = self.pool.step(actions[ended], ended)
+            obs[first[4]["env_id"]] = first[0]
+        return obs, rew.astype(np.float32), term.astype(bool), trunc.astype(bool)
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+def make_split(cfg: Any, worker_index: int, env_indices: list[int], seed: int) -> GymSplit | EnvPoolSplit:
+    """The envs ``env_indices`` of rollout worker ``worker_index`` with the backend of ``--env_backend``."""
+    if getattr(cfg, "env_backend", "gymnasium") == "envpool":
+        return EnvPoolSplit(cfg, worker_index, env_indices, seed)
+    return GymSplit(cfg, worker_index, env_indices, seed)
+
+
+def check_envpool(cfg: Any, spaces: Any) -> None:
+    """Before spawning: EnvPool serves ``cfg.env`` with the spaces of the gymnasium backend.
+
+    Raises:
+        ConfigError: see :func:`envpool_task`; or the pool's spaces differ from ``spaces``.
+    """
+    pool = make_envpool(cfg, 1, 0)
+    try:
+        obs, act = pool.observation_space, pool.action_space
+        n = int(act.n) if isinstance(act, gym.spaces.Discrete) else int(act.shape[0])
+        if tuple(obs.shape) != tuple(spaces.obs_shape) or n != spaces.num_actions:
+            raise ConfigError(f"--env_backend=envpool: EnvPool's {cfg.env} has observations {tuple(obs.shape)} and "
+                              f"{n} actions, the gymnasium env {tuple(spaces.obs_shape)} and {spaces.num_actions}")
+    finally:
+        pool.close()
