@@ -2,10 +2,13 @@
 
 Two modes:
 
-* ``--mode throughput`` (default): each workload trains for ``--seconds``; the table gives the
-  steady-state training FPS (env frames per second, frameskip 4; the median of the 10-s figures
-  after ``--warmup``) of msf and, with ``--sf2_python``, of Sample Factory 2.1.1 with the same
-  arguments, measured in the same run, and their ratio.
+* ``--mode throughput`` (default): for each workload, in env frames per second (env steps x 4), all
+  measured in this run: the raw env loop (2 processes, random actions), msf's sampler (rollout and
+  inference workers, no learning) and msf's training (steady state: the median of the 10-s figures after
+  ``--warmup``), each with the gymnasium backend and, where EnvPool serves the family, with
+  ``--env_backend=envpool``; Sample Factory 2.1.1's training with the same arguments (``--sf2_python``);
+  and the model's own limit (``throughput.model_limit_sps``: the inference and learner work per sample in
+  a tight loop, no envs). Then msf / SF2 and msf / the model's limit.
 * ``--mode curves --frames 2000000``: each trains to that many frames; the table gives the mean
   return (last 100 episodes) at every 20% of the budget, the wall time and the FPS, and the return of
   a random policy beside them.
@@ -73,9 +76,8 @@ def _run(cmd: list[str], parse, seconds: float, cwd: str) -> tuple[list[tuple], 
     return rows, time.time() - t0
 
 
-def run_msf(name: str, seconds: float, frames: int | None) -> tuple[list[tuple], float]:
-    """Rows ``(t, frames, fps10, return_mean or None)`` of msf's status lines."""
-    exe = os.path.join(os.path.dirname(sys.executable), "msf-train")
+def run_msf(name: str, seconds: float, frames: int | None, extra: list[str] = ()) -> tuple[list[tuple], float]:
+    """Rows ``(t, frames, fps10, return_mean or None)`` of msf's status lines (``extra``: more flags)."""
 
     def parse(line: str, t: float):
         m = MSF_STATUS.search(line)
@@ -85,7 +87,8 @@ def run_msf(name: str, seconds: float, frames: int | None) -> tuple[list[tuple],
 
     with tempfile.TemporaryDirectory() as td:
         budget = [f"--train_for_env_steps={frames}"] if frames else [f"--train_for_seconds={int(seconds)}"]
-        cmd = [exe, *WORKLOADS[name], "--device=cpu", "--experiment=bench", f"--train_dir={td}", *budget,
+        cmd = [sys.executable, "-m", "msf.train", *WORKLOADS[name], "--device=cpu", *extra, "--experiment=bench",
+               f"--train_dir={td}", *budget,
                "--experiment_summaries_interval=5", "--with_progress_bar=False", "--restart_behavior=overwrite"]
         return _run(cmd, parse, seconds if not frames else 10**9, td)
 
@@ -138,6 +141,49 @@ def random_return(name: str, episodes: int = 5) -> float:
     return total / episodes
 
 
+def throughput_tables(names: list[str], a: argparse.Namespace) -> None:
+    """For each workload: raw env loop, sampler, training (gymnasium and EnvPool backends), Sample Factory 2's
+    training and the model's own limit, all in env frames per second (env steps x 4), measured in this run."""
+    from throughput import model_limit_sps, raw_env_fps, sampler_fps
+
+    for name in names:
+        flags = [*WORKLOADS[name], "--device=cpu"]
+        env = name
+        backends = [[]]
+        try:
+            from msf.envs.vector import envpool_task
+
+            envpool_task(env)
+            backends.append(["--env_backend=envpool"])
+        except Exception as e:  # noqa: BLE001 - a family EnvPool does not serve, or no envpool here
+            print(f"{name}: no EnvPool row ({e})", flush=True)
+        rows = []
+        for extra in backends:
+            tag = "EnvPool" if extra else "gymnasium"
+            raw = 4 * raw_env_fps(env, 2, 15.0, flags + extra)
+            rows.append((f"raw env loop, random actions, 2 processes ({tag})", raw))
+            print(rows[-1], flush=True)
+            rows.append((f"msf sampler, policy, no learning ({tag})", 4 * sampler_fps(flags + extra, 30.0, 15.0)))
+            print(rows[-1], flush=True)
+            rows.append((f"msf training ({tag})", steady_fps(run_msf(name, a.seconds, None, extra)[0], a.warmup) or 0.0))
+            print(rows[-1], flush=True)
+        if a.sf2_python:
+            rows.append(("Sample Factory 2.1.1 training, same arguments",
+                         steady_fps(run_sf2(a.sf2_python, name, a.seconds, None)[0], a.warmup) or 0.0))
+            print(rows[-1], flush=True)
+        limit = 4 * model_limit_sps(flags, 40.0)
+        rows.append(("the model's own limit (inference + learner work per sample, no envs)", limit))
+        train = dict(rows)["msf training (gymnasium)"]
+        print(f"\n{name}: flags {' '.join(flags)}\n")
+        print("| stage | env frames/s |\n|---|---|")
+        for label, fps in rows:
+            print(f"| {label} | {fps:,.0f} |")
+        sf2 = dict(rows).get("Sample Factory 2.1.1 training, same arguments")
+        if sf2:
+            print(f"\nmsf training / Sample Factory 2 training: {train / sf2:.2f}x")
+        print(f"msf training / the model's own limit: {train / limit:.2f}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mode", choices=("throughput", "curves"), default="throughput")
@@ -149,13 +195,7 @@ def main() -> None:
     a = ap.parse_args()
     names = [a.only] if a.only else list(WORKLOADS)
     if a.mode == "throughput":
-        print("| workload | msf training FPS | Sample Factory 2 training FPS | msf / SF2 |")
-        print("|---|---|---|---|")
-        for name in names:
-            msf = steady_fps(run_msf(name, a.seconds, None)[0], a.warmup)
-            sf2 = steady_fps(run_sf2(a.sf2_python, name, a.seconds, None)[0], a.warmup) if a.sf2_python else None
-            ratio = f"{msf / sf2:.2f}x" if msf and sf2 else "n/a"
-            print(f"| {name} | {msf or 0:,.0f} | {'n/a' if sf2 is None else f'{sf2:,.0f}'} | {ratio} |", flush=True)
+        throughput_tables(names, a)
         return
     for name in names:
         print(f"\n{name}: {a.frames:,} frames; random policy: {random_return(name):.1f}")

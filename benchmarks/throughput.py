@@ -28,14 +28,34 @@ import sys
 import tempfile
 import time
 
+import numpy as np
+
 SF_CARTPOLE = ["--env=CartPole-v1", "--num_workers=2", "--num_envs_per_worker=20", "--policy_workers_per_policy=2",
                "--recurrence=1", "--with_vtrace=False", "--batch_size=512", "--reward_scale=0.1", "--device=cpu"]
 
 
-def _raw_env_proc(env_name: str, seconds: float, out: "mp.Queue") -> None:
-    import gymnasium as gym
+def _raw_env_proc(env_name: str, seconds: float, out: "mp.Queue", flags: list[str] | None = None) -> None:
+    """Step one env (gymnasium backend, msf's wrappers) or, with ``--env_backend=envpool`` in ``flags``,
+    one EnvPool of ``--num_envs_per_worker`` envs, with random actions; put steps/s on ``out``."""
+    from msf.cfg.arguments import parse_args
+    from msf.envs.registry import env_config_of, make_env
 
-    env = gym.make(env_name, disable_env_checker=True)
+    cfg, _ = parse_args([f"--env={env_name}", *(flags or [])])
+    if cfg.env_backend == "envpool":
+        from msf.envs.vector import EnvPoolSplit
+
+        split = EnvPoolSplit(cfg, 0, list(range(cfg.num_envs_per_worker)), os.getpid())
+        split.reset()
+        space = split.action_space
+        batches = [np.stack([space.sample() for _ in range(cfg.num_envs_per_worker)]) for _ in range(64)]
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            for a in batches:
+                split.step(a)
+            n += len(batches) * cfg.num_envs_per_worker
+        out.put(n / (time.perf_counter() - t0))
+        return
+    env = make_env(env_name, env_config_of(cfg, seed=os.getpid()))
     env.reset(seed=os.getpid())
     space = env.action_space
     actions = [space.sample() for _ in range(1024)]
@@ -45,20 +65,70 @@ def _raw_env_proc(env_name: str, seconds: float, out: "mp.Queue") -> None:
             _, _, term, trunc, _ = env.step(a)
             if term or trunc:
                 env.reset()
-        n += len(actions)
+            n += 1
+            if n % 64 == 0 and time.perf_counter() - t0 >= seconds:
+                break
     out.put(n / (time.perf_counter() - t0))
 
 
-def raw_env_fps(env_name: str, procs: int, seconds: float) -> float:
-    """(a): summed steps/s of ``procs`` processes stepping with random actions."""
+def raw_env_fps(env_name: str, procs: int, seconds: float, flags: list[str] | None = None) -> float:
+    """(a): summed env steps/s of ``procs`` processes stepping with random actions (see :func:`_raw_env_proc`)."""
     q: mp.Queue = mp.get_context("spawn").Queue()
-    ps = [mp.get_context("spawn").Process(target=_raw_env_proc, args=(env_name, seconds, q)) for _ in range(procs)]
+    ps = [mp.get_context("spawn").Process(target=_raw_env_proc, args=(env_name, seconds, q, flags))
+          for _ in range(procs)]
     for p in ps:
         p.start()
-    rates = [q.get(timeout=seconds + 60) for _ in ps]
+    rates = [q.get(timeout=seconds + 120) for _ in ps]
     for p in ps:
         p.join()
     return sum(rates)
+
+
+def model_limit_sps(flags: list[str], seconds: float) -> float:
+    """The model's own limit, in env steps/s: a tight loop in one process (all cores' threads) doing the
+    configured work per sample and nothing else: one inference forward in batches of one request's size
+    (``num_envs_per_worker / worker_num_splits`` envs), then the learner's whole iteration (its bootstrap
+    forward and ``num_epochs`` forward + backward passes in minibatches of ``batch_size``) on batches
+    of ``batch_size x num_batches_per_epoch`` samples. Envs, pipes and buffers cost nothing here."""
+    import torch
+
+    from msf.cfg.arguments import parse_args
+    from msf.cfg.config import Derived
+    from msf.envs.families import apply_family_defaults
+    from msf.envs.registry import env_config_of, env_spaces
+    from msf.learning.learner import Learner
+    from msf.model.actor_critic import ActorCritic
+
+    cfg, given = parse_args(flags)
+    cfg = apply_family_defaults(cfg, given)
+    derived, spaces = Derived.of(cfg), env_spaces(cfg.env, env_config_of(cfg))
+    torch.set_num_threads(os.cpu_count() or 1)
+    learner = Learner(cfg, derived, spaces, "cpu")
+    policy = ActorCritic(cfg, spaces).eval()
+    B, T = derived.trajectories_per_iteration, cfg.rollout
+    g = torch.Generator().manual_seed(0)
+    obs_dtype = torch.uint8 if spaces.obs_dtype == np.uint8 else torch.float32
+    obs = (torch.randint(0, 256, (B, T + 1, *spaces.obs_shape), generator=g).to(obs_dtype) if obs_dtype == torch.uint8
+           else torch.randn(B, T + 1, *spaces.obs_shape, generator=g))
+    act_shape = spaces.action_shape
+    actions = (torch.randint(0, spaces.num_actions if spaces.action_nvec is None else min(spaces.action_nvec),
+                             (B, T, *act_shape), generator=g) if spaces.discrete else torch.randn(B, T, *act_shape))
+    batch = {"obs": obs, "actions": actions, "log_probs": torch.full((B, T), -1.0), "values": torch.zeros(B, T),
+             "rewards": torch.randn(B, T, generator=g), "dones": torch.zeros(B, T, dtype=torch.uint8),
+             "time_outs": torch.zeros(B, T, dtype=torch.uint8), "policy_versions": torch.zeros(B, T, dtype=torch.int64)}
+    if derived.rnn_state_size:
+        batch["rnn_states"] = torch.zeros(B, T + 1, derived.rnn_state_size)
+    request = max(1, derived.envs_per_split)
+    flat = obs[:, :T].reshape(B * T, *spaces.obs_shape)
+    states = torch.zeros(request, derived.rnn_state_size) if derived.rnn_state_size else None
+    steps, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds or steps == 0:
+        with torch.no_grad():
+            for i in range(0, B * T, request):
+                policy.act(flat[i:i + request], None if states is None else states[: len(flat[i:i + request])])
+        learner.train({k: v.clone() for k, v in batch.items()})
+        steps += B * T
+    return steps / (time.perf_counter() - t0)
 
 
 def sampler_fps(flags: list[str], seconds: float, warmup: float) -> float:
