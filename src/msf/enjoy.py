@@ -105,16 +105,17 @@ def _load_config(cfg: Config, given: set[str]) -> Config:
     return Config(**saved)
 
 
-def _policy_action(model, obs: np.ndarray, deterministic: bool, bounds, state: torch.Tensor | None):
-    """One action for one observation, sampled or the most likely one; and the core's next state."""
+def _policy_actions(model, obs: np.ndarray, deterministic: bool, bounds, state: torch.Tensor | None):
+    """Actions for ``[A, ...]`` observations (one per agent), sampled or the most likely; and the core's
+    next states ``[A, rnn_state_size]``."""
     with torch.no_grad():
-        params, _, state = model.forward_with_states(torch.as_tensor(np.asarray(obs))[None], state)
+        params, _, state = model.forward_with_states(torch.as_tensor(np.asarray(obs)), state)
         dist = model.distribution(params)
         a = model.mode(params) if deterministic else dist.sample()
-    a = a[0].numpy()
+    a = a.numpy()
     if bounds is not None:
         a = np.clip(a, *bounds)
-    return (a if model.log_std is not None or model.nvec is not None else int(a)), state
+    return a, state
 
 
 def evaluate(cfg: Config, ev: EvalArgs) -> dict:
@@ -123,7 +124,7 @@ def evaluate(cfg: Config, ev: EvalArgs) -> dict:
     Raises:
         ConfigError: the experiment has no (readable) checkpoint of the kind asked for.
     """
-    from msf.envs.registry import env_config_of, make_env, spaces_of
+    from msf.envs.registry import env_config_of, make_env, num_agents_of, spaces_of
     from msf.model.actor_critic import ActorCritic
     from msf.persistence.checkpoint import load_latest_checkpoint
 
@@ -159,6 +160,13 @@ def evaluate(cfg: Config, ev: EvalArgs) -> dict:
     import gymnasium as gym
 
     tuple_actions = isinstance(space, gym.spaces.Tuple)
+    scalar_actions = model.log_std is None and model.nvec is None
+    A = num_agents_of(env)
+
+    def env_action(a: np.ndarray):
+        if tuple_actions:
+            return tuple(int(x) for x in a)
+        return int(a) if scalar_actions else a
     fps = ev.fps or int(env.metadata.get("render_fps") or 30)
     print(f"msf-enjoy: {cfg.env} | {state['path']} (env steps {state['env_steps']}, policy version "
           f"{state['policy_version']}) | {'deterministic' if ev.eval_deterministic else 'sampled'} actions")
@@ -182,22 +190,25 @@ def evaluate(cfg: Config, ev: EvalArgs) -> dict:
     try:
         obs, _ = env.reset(seed=seed)
         record()
-        ret, length = 0.0, 0
+        ret, length = np.zeros(A), 0
         core_state = None  # the recurrent core's state (zeros at each episode start)
         while len(episodes) < ev.max_num_episodes and frames < ev.max_num_frames:
-            action, core_state = _policy_action(model, obs, ev.eval_deterministic, bounds, core_state)
-            if tuple_actions:
-                action = tuple(int(x) for x in action)
-            obs, r, term, trunc, _ = env.step(action)
-            ret += float(r)
+            # a multi-agent env: the policy plays every agent (self-play)
+            batch = np.asarray(obs)[None] if A == 1 else np.stack(obs)
+            actions, core_state = _policy_actions(model, batch, ev.eval_deterministic, bounds, core_state)
+            obs, r, term, trunc, _ = env.step(env_action(actions[0]) if A == 1 else [env_action(a) for a in actions])
+            ret += np.asarray(r, dtype=np.float64).reshape(A)
             length += 1
             frames += cfg.env_frameskip
             if render == "human" and ev.fps:
                 time.sleep(1.0 / ev.fps)
-            if term or trunc:
-                episodes.append({"return": ret, "length": length})
-                print(f"episode {len(episodes)}: return {ret:.2f}, length {length}")
-                ret, length, core_state = 0.0, 0, None
+            if np.all(np.asarray(term) | np.asarray(trunc)):
+                episode = {"return": float(ret.mean()), "length": length}
+                if A > 1:
+                    episode["agent_returns"] = ret.tolist()  # "return" is their mean
+                episodes.append(episode)
+                print(f"episode {len(episodes)}: return {episode['return']:.2f}, length {length}")
+                ret, length, core_state = np.zeros(A), 0, None
                 if len(episodes) < ev.max_num_episodes:
                     obs, _ = env.reset()
             if len(episodes) < ev.max_num_episodes:

@@ -159,3 +159,112 @@ class MultiChoiceEnv(gym.Env):
 gym.register("MsfDictMask-v0", entry_point=DictMaskEnv)
 gym.register("MsfMultiDiscrete-v0", entry_point=MultiChoiceEnv)
 gym.register("MsfTupleActions-v0", entry_point=MultiChoiceEnv, kwargs={"tuple_actions": True})
+
+
+class CoinRaceGame:
+    """Two players on a line of ``L`` cells chase one coin. Each step both move (0 left, 1 stay, 2 right);
+    a player on the coin's cell earns 1 (both, if both are there) and the coin reappears on a free cell.
+    Each player sees itself, the other and the coin as one-hots, ``[3 L]`` float32 (its own view, so one
+    policy can play either side). ``steps`` steps per episode (truncated). A random player collects about
+    one coin per episode; one that walks to the coin about one every three or four steps."""
+
+    L = 9
+
+    def __init__(self, steps: int = 40):
+        self.steps = steps
+        self.rng = np.random.default_rng()
+
+    def reset(self, seed=None):
+        if seed is not None:
+            self.rng = np.random.default_rng(seed)
+        self.t = 0
+        self.pos = self.rng.choice(self.L, size=2, replace=False)
+        self._new_coin()
+        return self.observations()
+
+    def _new_coin(self):
+        free = [c for c in range(self.L) if c not in self.pos]
+        self.coin = int(self.rng.choice(free))
+
+    def observations(self):
+        obs = []
+        for i in range(2):
+            o = np.zeros(3 * self.L, dtype=np.float32)
+            o[self.pos[i]] = o[self.L + self.pos[1 - i]] = o[2 * self.L + self.coin] = 1.0
+            obs.append(o)
+        return obs
+
+    def step(self, actions):
+        self.pos = np.clip(self.pos + np.asarray(actions, dtype=np.int64) - 1, 0, self.L - 1)
+        rewards = [float(p == self.coin) for p in self.pos]
+        if any(rewards):
+            self._new_coin()
+        self.t += 1
+        return self.observations(), rewards, self.t >= self.steps
+
+
+class CoinRace(gym.Env):
+    """:class:`CoinRaceGame` in msf's multi-agent env interface (``num_agents = 2``, lists per agent)."""
+
+    num_agents = 2
+
+    def __init__(self, render_mode=None):
+        self.render_mode = render_mode
+        self.observation_space = gym.spaces.Box(0.0, 1.0, (3 * CoinRaceGame.L,), dtype=np.float32)
+        self.action_space = gym.spaces.Discrete(3)
+        self.game = CoinRaceGame()
+
+    def reset(self, *, seed=None, options=None):
+        return self.game.reset(seed), {}
+
+    def step(self, actions):
+        obs, rewards, over = self.game.step(actions)
+        return obs, rewards, [False, False], [over, over], {}
+
+
+gym.register("MsfCoinRace-v0", entry_point=CoinRace)
+
+
+def coin_race_parallel_env():
+    """:class:`CoinRaceGame` as a PettingZoo parallel env (agents ``player_0``, ``player_1``)."""
+    from pettingzoo import ParallelEnv
+
+    class CoinRaceParallel(ParallelEnv):
+        metadata = {"name": "coin_race_v0"}
+
+        def __init__(self):
+            self.possible_agents = ["player_0", "player_1"]
+            self.agents = []
+            self.game = CoinRaceGame()
+            self._obs_space = gym.spaces.Box(0.0, 1.0, (3 * CoinRaceGame.L,), dtype=np.float32)
+
+        def observation_space(self, agent):
+            return self._obs_space
+
+        def action_space(self, agent):
+            return gym.spaces.Discrete(3)
+
+        def reset(self, seed=None, options=None):
+            self.agents = list(self.possible_agents)
+            obs = self.game.reset(seed)
+            return dict(zip(self.agents, obs)), {a: {} for a in self.agents}
+
+        def step(self, actions):
+            obs, rewards, over = self.game.step([actions[a] for a in self.possible_agents])
+            agents = self.agents
+            if over:
+                self.agents = []
+            return (dict(zip(agents, obs)), dict(zip(agents, rewards)), {a: False for a in agents},
+                    {a: over for a in agents}, {a: {} for a in agents})
+
+    return CoinRaceParallel()
+
+
+def _register_pettingzoo():
+    from msf.envs.pettingzoo import PettingZooParallel
+    from msf.envs.registry import register_env
+
+    register_env("msf_coin_race_pz", lambda name, env_config: PettingZooParallel(coin_race_parallel_env()))
+
+
+_register_pettingzoo()

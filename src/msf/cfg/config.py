@@ -182,9 +182,10 @@ class Derived:
         trajectories_per_batch: trajectories of ``rollout`` steps in one minibatch.
         trajectories_per_iteration: trajectories one training iteration consumes.
         slots_per_worker: trajectory-buffer slots owned by each rollout worker: one being
-            written per env, plus spares so that the learner can gather two iterations.
+            written per agent of each env, plus spares so that the learner can gather two iterations.
         frameskip: frames per env step used for counting (1 without summaries_use_frameskip).
-        rnn_state_size: floats of recurrent state per env (0 without ``use_rnn``; GRU ``L x H``,
+        num_agents: agents per env (1, or a multi-agent env's ``num_agents``).
+        rnn_state_size: floats of recurrent state per agent (0 without ``use_rnn``; GRU ``L x H``,
             LSTM ``2 x L x H``).
     """
 
@@ -195,19 +196,29 @@ class Derived:
     slots_per_worker: int
     frameskip: int
     rnn_state_size: int = 0
+    num_agents: int = 1
+
+    @property
+    def agents_per_split(self) -> int:
+        """Agents (trajectory rows) in one split: ``envs_per_split x num_agents``."""
+        return self.envs_per_split * self.num_agents
 
     @classmethod
-    def of(cls, cfg: Config) -> "Derived":
+    def of(cls, cfg: Config, num_agents: int = 1) -> "Derived":
+        """``num_agents``: agents per env (:attr:`msf.envs.registry.EnvSpaces.num_agents`); every agent of
+        every env writes its own trajectories."""
         recurrence = (cfg.rollout if cfg.use_rnn else 1) if cfg.recurrence == -1 else cfg.recurrence
         per_batch = cfg.batch_size // cfg.rollout
         per_iter = per_batch * cfg.num_batches_per_epoch
-        spare = max(cfg.num_envs_per_worker, -(-2 * per_iter // cfg.num_workers))
+        agents_per_worker = cfg.num_envs_per_worker * num_agents
+        spare = max(agents_per_worker, -(-2 * per_iter // cfg.num_workers))
         return cls(
             recurrence=recurrence,
             envs_per_split=cfg.num_envs_per_worker // cfg.worker_num_splits,
             trajectories_per_batch=per_batch,
             trajectories_per_iteration=per_iter,
-            slots_per_worker=cfg.num_envs_per_worker + spare,
+            slots_per_worker=agents_per_worker + spare,
             frameskip=cfg.env_frameskip if cfg.summaries_use_frameskip else 1,
             rnn_state_size=(cfg.rnn_num_layers * cfg.rnn_size * (2 if cfg.rnn_type == "lstm" else 1)) if cfg.use_rnn else 0,
+            num_agents=num_agents,
         )

@@ -8,6 +8,7 @@ process, so this also works in spawned rollout workers), or a name given to
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -105,6 +106,8 @@ class EnvSpaces:
             into one float32 vector: per key, in order, ``(key, shape, size)``; a ``Discrete`` key is
             one-hot (shape ``(n,)``); an ``action_mask`` key masks the logits instead of being encoded.
             None otherwise.
+        num_agents: agents per env: 1, or ``num_agents`` of a multi-agent env (see :func:`num_agents_of`);
+            the spaces above are then those of one agent.
     """
 
     obs_shape: tuple[int, ...]
@@ -115,6 +118,7 @@ class EnvSpaces:
     action_high: np.ndarray | None = None
     action_nvec: tuple[int, ...] | None = None
     obs_layout: tuple[tuple[str, tuple[int, ...], int], ...] | None = None
+    num_agents: int = 1
 
     @property
     def action_shape(self) -> tuple[int, ...]:
@@ -123,13 +127,40 @@ class EnvSpaces:
         return () if self.discrete else (self.num_actions,)
 
 
+def num_agents_of(env: gym.Env) -> int:
+    """Agents in ``env``: its ``num_agents`` attribute (through wrappers), else 1.
+
+    The multi-agent env interface (Sample Factory's): ``num_agents`` (fixed) agents act at every step;
+    ``observation_space`` and ``action_space`` are those of one agent (the same for all);
+    ``reset(seed=...)`` returns ``(obs, info)`` with ``obs`` a sequence of ``num_agents`` observations;
+    ``step(actions)`` takes a sequence of ``num_agents`` actions and returns ``(obs, rewards, terminated,
+    truncated, info)``, each a sequence of ``num_agents``. The episode ends for all agents at once: msf
+    resets the env when every agent is terminated or truncated. :mod:`msf.envs.pettingzoo` wraps a
+    PettingZoo parallel env in this interface.
+    """
+    try:
+        n = env.get_wrapper_attr("num_agents")
+    except AttributeError:
+        return 1
+    return int(n)
+
+
 def spaces_of(env: gym.Env) -> EnvSpaces:
-    """Read the spaces of ``env``.
+    """Read the spaces of ``env`` (of one agent, for a multi-agent env).
 
     Raises:
         ConfigError: an observation or action space that this version does not support.
     """
     obs, act = env.observation_space, env.action_space
+    agents = num_agents_of(env)
+    if agents < 1:
+        raise ConfigError(f"--env: num_agents must be at least 1, got {agents}")
+    if agents > 1 and isinstance(obs, gym.spaces.Dict):
+        raise ConfigError("--env: Dict observations of a multi-agent env are not supported yet")
+    return dataclasses.replace(_spaces_of(env, obs, act), num_agents=agents)
+
+
+def _spaces_of(env: gym.Env, obs: gym.Space, act: gym.Space) -> EnvSpaces:
     layout = None
     if isinstance(env, gym.wrappers.FlattenObservation) and isinstance(env.env.observation_space, gym.spaces.Dict):
         layout = tuple(_layout_entry(k, sub) for k, sub in env.env.observation_space.spaces.items())

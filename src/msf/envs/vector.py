@@ -19,13 +19,15 @@ import gymnasium as gym
 import numpy as np
 
 from msf.cfg.validation import ConfigError
-from msf.envs.registry import env_config_of, make_env
+from msf.envs.registry import env_config_of, make_env, num_agents_of
 
 ENVPOOL_FAMILIES = ("atari_", "mujoco_")
 
 
 class GymSplit:
-    """``n`` gymnasium envs made by :func:`msf.envs.registry.make_env`, stepped one after the other.
+    """``n`` gymnasium envs made by :func:`msf.envs.registry.make_env`, stepped one after the other; with a
+    multi-agent env (``num_agents`` = A > 1, see :func:`msf.envs.registry.num_agents_of`) ``n x A`` rows,
+    env ``i``'s agents at rows ``i * A .. i * A + A - 1``.
 
     Args:
         cfg: the run's config. worker_index: the rollout worker. env_indices: global indices of the envs
@@ -37,29 +39,43 @@ class GymSplit:
         self.seeds = [seed + i for i in env_indices]
         self.action_space = self.envs[0].action_space
         self.tuple_actions = isinstance(self.action_space, gym.spaces.Tuple)
+        self.A = num_agents_of(self.envs[0])
+
+    def _action(self, a: np.ndarray) -> Any:
+        return tuple(a.tolist()) if self.tuple_actions else a
 
     def reset(self) -> list[np.ndarray]:
-        """The first observation of every env (seeded), a list of ``n`` arrays."""
-        return [env.reset(seed=s)[0] for env, s in zip(self.envs, self.seeds)]
+        """The first observation of every env (seeded), a list of ``n`` (``n x A``) arrays."""
+        firsts = [env.reset(seed=s)[0] for env, s in zip(self.envs, self.seeds)]
+        return firsts if self.A == 1 else [o for obs in firsts for o in obs]
 
     def step(self, actions: np.ndarray) -> tuple[list[np.ndarray], np.ndarray, np.ndarray, np.ndarray]:
-        """Step every env with ``actions[i]``.
+        """Step every env with ``actions[i]`` (a multi-agent env with ``actions[i * A:(i + 1) * A]``).
 
         Returns:
-            obs (``n`` arrays; after an episode end, the next episode's first observation), rewards
-            ``[n]`` float32, terminated ``[n]`` bool, truncated ``[n]`` bool.
+            obs (``n`` (``n x A``) arrays; after an episode end, the next episode's first observation),
+            rewards ``[n]`` float32, terminated ``[n]`` bool, truncated ``[n]`` bool (``[n x A]`` each).
         """
-        n = len(self.envs)
-        rew = np.empty(n, dtype=np.float32)
-        term = np.zeros(n, dtype=bool)
-        trunc = np.zeros(n, dtype=bool)
-        obs_out = [None] * n
+        A = self.A
+        rows = len(self.envs) * A
+        rew = np.empty(rows, dtype=np.float32)
+        term = np.zeros(rows, dtype=bool)
+        trunc = np.zeros(rows, dtype=bool)
+        obs_out: list = [None] * rows
         for i, env in enumerate(self.envs):
-            obs, r, te, tr, _ = env.step(tuple(actions[i].tolist()) if self.tuple_actions else actions[i])
-            rew[i], term[i], trunc[i] = r, te, tr
-            if te or tr:
+            if A == 1:
+                obs, r, te, tr, _ = env.step(self._action(actions[i]))
+                rew[i], term[i], trunc[i] = r, te, tr
+                if te or tr:
+                    obs, _ = env.reset()
+                obs_out[i] = obs
+                continue
+            lo = i * A
+            obs, r, te, tr, _ = env.step([self._action(a) for a in actions[lo:lo + A]])
+            rew[lo:lo + A], term[lo:lo + A], trunc[lo:lo + A] = r, te, tr
+            if np.all(term[lo:lo + A] | trunc[lo:lo + A]):
                 obs, _ = env.reset()
-            obs_out[i] = obs
+            obs_out[lo:lo + A] = list(obs)
         return obs_out, rew, term, trunc
 
     def close(self) -> None:

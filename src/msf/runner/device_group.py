@@ -102,7 +102,7 @@ def run_device_group(cfg: Config, spaces: EnvSpaces, rank: RankInfo) -> dict | N
     every rank (so that every node's launcher sees the failure and may restart).
     """
     group_cfg = rank_config(cfg, rank)
-    derived = Derived.of(group_cfg)
+    derived = Derived.of(group_cfg, spaces.num_agents)
     exp_dir = experiment_dir(cfg)
     setup_logging(exp_dir, rank=rank.rank if rank.distributed else None)
     device = f"cuda:{rank.local_rank}" if cfg.device == "gpu" else "cpu"

@@ -45,7 +45,7 @@ class InferenceWorker:
         self.cfg, self.conns, self.weights, self.stop_event = cfg, conns, weights, stop_event
         self.parent_pid, self.stats = parent_pid, stats.numpy()  # a view of the shared memory
         self.device = torch.device(device)
-        self.eps = derived.envs_per_split
+        self.eps = derived.agents_per_split
         self.T = cfg.rollout
         self.obs_flat = buffer.obs.view(-1, *spaces.obs_shape)
         self.actions_flat = buffer.actions.view(-1, *spaces.action_shape)

@@ -58,8 +58,9 @@ class RolloutWorker:
         self.full_queue, self.free_queue, self.stats_queue = full_queue, free_queue, stats_queue
         self.stop_event, self.parent_pid = stop_event, parent_pid
         self.T = cfg.rollout
-        self.E = cfg.num_envs_per_worker
-        self.eps = derived.envs_per_split
+        # rows: one per agent of each env (env e's agents are rows e * A .. e * A + A - 1)
+        self.E = cfg.num_envs_per_worker * derived.num_agents
+        self.eps = derived.agents_per_split
         b = buffer.numpy_views()
         self.obs, self.rewards, self.dones = b["obs"], b["rewards"], b["dones"]
         self.time_outs, self.actions, self.cursors = b["time_outs"], b["actions"], b["cursors"][index]
@@ -69,7 +70,8 @@ class RolloutWorker:
         self.free_slots = collections.deque(range(first, first + derived.slots_per_worker))
         seed = cfg.seed if cfg.seed is not None else int(np.random.SeedSequence().entropy % (2**31))
         # one EnvSplit per split: envs [lo, hi) of this worker, global env index index * E + e
-        self.splits = [make_split(cfg, index, [index * self.E + e for e in range(s * self.eps, (s + 1) * self.eps)],
+        n_env, e_split = cfg.num_envs_per_worker, derived.envs_per_split
+        self.splits = [make_split(cfg, index, [index * n_env + e for e in range(s * e_split, (s + 1) * e_split)],
                                   seed) for s in range(cfg.worker_num_splits)]
         space = self.splits[0].action_space
         self.action_bounds = (space.low, space.high) if hasattr(space, "low") else None

@@ -72,7 +72,7 @@ class TrajectoryBuffer:
             time_outs=_shared((S, T), torch.uint8),
             policy_versions=_shared((S, T), torch.int64),
             rnn_states=_shared((S, T + 1, derived.rnn_state_size), torch.float32),
-            cursors=_shared((cfg.num_workers, cfg.num_envs_per_worker, 2), torch.int64),
+            cursors=_shared((cfg.num_workers, cfg.num_envs_per_worker * derived.num_agents, 2), torch.int64),
         )
 
     @property

@@ -1,0 +1,134 @@
+"""Multi-agent environments: msf's interface (``num_agents``, lists per agent) and PettingZoo parallel envs.
+
+One policy plays every agent (self-play with shared parameters); each agent of each env writes its own
+trajectories. The test env is ``CoinRace`` (tests/helpers/msf_test_envs.py): two players chase a coin on a
+line; a random player collects about 1.3 coins per 40-step episode, one that walks to the coin about 12.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from msf.cfg.config import Config
+from msf.envs.registry import env_spaces
+
+from .conftest import msf_env, read_summary, run_msf
+
+ENV = "msf_test_envs:MsfCoinRace-v0"
+FLAGS = ["--num_workers=2", "--num_envs_per_worker=8", "--worker_num_splits=2", "--batch_size=512", "--rollout=32",
+         "--learning_rate=1e-3", "--encoder_mlp_layers", "64", "64", "--exploration_loss_coeff=0.01"]
+
+
+def test_spaces_are_one_agents_and_count_the_agents():
+    import msf_test_envs  # noqa: F401 - registers the env
+
+    s = env_spaces(ENV)
+    assert (s.num_agents, s.obs_shape, s.discrete, s.num_actions) == (2, (27,), True, 3)
+    assert env_spaces("CartPole-v1").num_agents == 1
+
+
+def test_gym_split_gives_each_agent_a_row_and_resets_when_all_are_done():
+    from msf.envs.vector import GymSplit
+
+    split = GymSplit(Config(env=ENV), 0, [0, 1, 2], seed=0)
+    obs = split.reset()
+    assert len(obs) == 6
+    for i in range(3):  # env i's agents are rows 2i, 2i+1: each sees itself first and the other second
+        a, b = obs[2 * i], obs[2 * i + 1]
+        assert np.array_equal(a[:9], b[9:18]) and np.array_equal(a[9:18], b[:9]) and np.array_equal(a[18:], b[18:])
+    rng = np.random.default_rng(0)
+    for t in range(1, 41):
+        obs, rew, term, trunc = split.step(rng.integers(0, 3, size=6))
+        assert rew.shape == term.shape == trunc.shape == (6,) and len(obs) == 6
+        assert not term.any() and trunc.all() == (t == 40) and not (t < 40 and trunc.any())
+    assert split.envs[0].unwrapped.game.t == 0  # reset after the 40th step, for both agents at once
+    split.close()
+
+
+def _play(model, episodes: int, trained: bool) -> float:
+    """Mean coins of player 0 over ``episodes`` (seeded): the policy's most likely action (``trained``) or a
+    random one, against a random player 1."""
+    import msf_test_envs
+
+    game = msf_test_envs.CoinRaceGame()
+    rng = np.random.default_rng(1)
+    total = 0.0
+    for ep in range(episodes):
+        obs, over = game.reset(seed=1000 + ep), False
+        while not over:
+            if trained:
+                with torch.no_grad():
+                    logits, _ = model(torch.as_tensor(obs[0])[None])
+                a0 = int(logits.argmax())
+            else:
+                a0 = int(rng.integers(3))
+            obs, rewards, over = game.step([a0, int(rng.integers(3))])
+            total += rewards[0]
+    return total / episodes
+
+
+def test_self_play_learns_to_beat_a_random_player(train_dir):
+    from msf.model.actor_critic import ActorCritic
+    from msf.persistence.checkpoint import load_latest_checkpoint
+
+    r = run_msf([f"--env={ENV}", "--experiment=coins", f"--train_dir={train_dir}", "--seed=0",
+                 "--train_for_env_steps=150000", *FLAGS], timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = read_summary(train_dir, "coins")
+    assert s["status"] == "done" and 150_000 <= s["env_steps"] < 150_000 + 512  # agent steps
+    cfg = Config.from_dict(json.loads((train_dir / "coins" / "config.json").read_text()))
+    model = ActorCritic(cfg, env_spaces(ENV))
+    model.load_state_dict(load_latest_checkpoint(str(train_dir / "coins"))["model"])
+    model.eval()
+    trained, random = _play(model, 100, True), _play(model, 100, False)
+    assert random < 2.0, random
+    assert trained >= 6.0, (trained, random)  # a walker to the coin collects ~12
+
+
+def test_pettingzoo_parallel_env_trains_and_plays(train_dir):
+    pytest.importorskip("pettingzoo", reason="pettingzoo (extra [pettingzoo]) is not installed here")
+    env = "msf_test_envs:msf_coin_race_pz"
+    r = run_msf([f"--env={env}", "--experiment=pz", f"--train_dir={train_dir}", "--train_for_env_steps=20000",
+                 *FLAGS], timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = read_summary(train_dir, "pz")
+    assert s["status"] == "done" and s["episodes"] >= 2 * (20_000 // 80) - 40  # every agent's episodes counted
+    r = subprocess.run([sys.executable, "-m", "msf.enjoy", f"--env={env}", "--experiment=pz",
+                        f"--train_dir={train_dir}", "--max_num_episodes=3", "--no_render=True"],
+                       capture_output=True, text=True, timeout=120, env=msf_env())
+    assert r.returncode == 0, r.stderr[-3000:]
+    ev = json.loads((train_dir / "pz" / "eval.json").read_text())
+    assert ev["num_episodes"] == 3 and all(len(e["agent_returns"]) == 2 and e["length"] == 40 for e in ev["episodes"])
+    assert all(e["return"] == pytest.approx(np.mean(e["agent_returns"])) for e in ev["episodes"])
+
+
+def test_pettingzoo_wrapper_refuses_what_msf_cannot_train():
+    pytest.importorskip("pettingzoo", reason="pettingzoo (extra [pettingzoo]) is not installed here")
+    import gymnasium as gym
+    import msf_test_envs
+
+    from msf.envs.pettingzoo import PettingZooParallel
+
+    pz = msf_test_envs.coin_race_parallel_env()
+    pz.action_space = lambda agent: gym.spaces.Discrete(3 if agent == "player_0" else 4)
+    with pytest.raises(ValueError, match="agent 'player_1' has other spaces than 'player_0'"):
+        PettingZooParallel(pz)
+    pz = msf_test_envs.coin_race_parallel_env()
+    env = PettingZooParallel(pz)
+    env.reset(seed=0)
+    real_step = pz.step
+
+    def one_leaves(actions):
+        obs, rew, term, trunc, info = real_step(actions)
+        return ({"player_0": obs["player_0"]}, {"player_0": rew["player_0"]}, {"player_0": False},
+                {"player_0": False}, {})
+
+    pz.step = one_leaves
+    with pytest.raises(ValueError, match=r"agent\(s\) \['player_1'\] left the episode before the others"):
+        env.step([1, 1])
