@@ -151,7 +151,7 @@ def sampler_fps(flags: list[str], seconds: float, warmup: float) -> float:
     weights.publish(model, 0)
     buffer = TrajectoryBuffer.allocate(cfg, derived, spaces)
     stop = CTX.Event()
-    ch = _start_workers(cfg, derived, spaces, buffer, weights, "cpu", stop)
+    ch = _start_workers(cfg, derived, spaces, buffer, [weights] * cfg.num_policies, "cpu", stop)
     steps, t_start, t_end = 0, None, time.monotonic() + warmup + seconds + 60
     try:
         while time.monotonic() < t_end:

@@ -29,6 +29,7 @@ MODEL = "model"
 STOPPING = "stopping"
 PERSISTENCE = "checkpoints and summaries"
 DISTRIBUTED = "distributed (data-parallel learners)"
+POLICIES = "several policies and population-based training"
 
 
 @dataclass
@@ -48,7 +49,6 @@ class Config:
     )
     device: str = _f("gpu", "Device of the learner and inference workers: gpu (falls back to cpu when CUDA is not available) or cpu", BASIC, ("gpu", "cpu"))
     seed: int | None = _f(None, "Seed of the model initialisation and of the environments (random when not given)", BASIC)
-    num_policies: int = _f(1, "Number of policies trained at once (only 1 is supported for now)", BASIC)
 
     # --- sampling ---
     num_workers: int = _f(os.cpu_count() or 1, "Rollout worker processes on this machine; the default is the number of CPU cores", SAMPLING)
@@ -141,6 +141,20 @@ class Config:
     master_port: int = _f(0, "TCP port of the rendezvous, on the first host (one node: 127.0.0.1); 0: 29500 with several nodes, a free port on one node", DISTRIBUTED)
     max_restarts: int = _f(0, "After a failure, restart the job's device groups from the last checkpoint up to this many times (torchrun's meaning)", DISTRIBUTED)
     ddp_check_interval: int = _f(100, "Iterations between checksums of every replica's parameters, optimiser state and normalisers (0: only at start-up)", DISTRIBUTED)
+
+    # --- several policies, PBT ---
+    num_policies: int = _f(1, "Policies trained at once; every device group holds a learner replica of each, and every agent of every env is driven by one of them (see pbt_mix_policies_in_one_env)", POLICIES)
+    pbt_mix_policies_in_one_env: bool = _f(True, "Draw a policy per agent (True) or one per env for all its agents (False); drawn again at the first trajectory boundary after the env's episode ends", POLICIES)
+    with_pbt: bool = _f(False, "Population-based training over the num_policies policies (Jaderberg et al. 2017)", POLICIES)
+    pbt_period_env_steps: int = _f(5_000_000, "PBT: consider replacing policies every this many env steps (frames with summaries_use_frameskip)", POLICIES)
+    pbt_start_mutation: int = _f(20_000_000, "PBT: no replacement before this many env steps (frames with summaries_use_frameskip)", POLICIES)
+    pbt_replace_fraction: float = _f(0.3, "PBT: the worst this fraction of policies may be replaced by copies of the best this fraction", POLICIES)
+    pbt_mutation_rate: float = _f(0.15, "PBT: probability that each hyperparameter of a replaced policy is perturbed", POLICIES)
+    pbt_replace_reward_gap: float = _f(0.1, "PBT: replace only when the donor's objective beats the replaced policy's by this fraction of its absolute value", POLICIES)
+    pbt_replace_reward_gap_absolute: float = _f(1e-6, "PBT: ... and by at least this much", POLICIES)
+    pbt_perturb_min: float = _f(1.1, "PBT: a perturbed hyperparameter is multiplied or divided by a factor drawn from [pbt_perturb_min, pbt_perturb_max]", POLICIES)
+    pbt_perturb_max: float = _f(1.5, "PBT: see pbt_perturb_min", POLICIES)
+    pbt_target_objective: str = _f("true_objective", "PBT: what is compared: true_objective (the env's info['true_objective'] where given, else the episode return) or reward (the episode return). msf uses the mean episode return of the last stats_avg episodes for both so far", POLICIES, ("true_objective", "reward"))
 
     # --- stopping ---
     train_for_env_steps: int = _f(10_000_000_000, "Stop after this many env steps (env frames with summaries_use_frameskip)", STOPPING)

@@ -42,8 +42,13 @@ def validate(cfg: Config) -> None:
                  "keep_checkpoints", "stats_avg", "train_for_env_steps", "train_for_seconds"):
         v = getattr(cfg, name)
         _check(v >= 1, name, f"must be a positive integer, got {v}")
-    _check(cfg.num_policies == 1, "num_policies",
-           f"only 1 policy is supported so far (several policies are a planned feature), got {cfg.num_policies}")
+    _check(1 <= cfg.num_policies <= 64, "num_policies", f"must be in [1, 64], got {cfg.num_policies}")
+    _check(not cfg.with_pbt or cfg.num_policies >= 2, "with_pbt", "needs --num_policies of at least 2")
+    _check(0.0 < cfg.pbt_replace_fraction <= 0.5, "pbt_replace_fraction", f"must be in (0, 0.5], got {cfg.pbt_replace_fraction}")
+    _check(0.0 <= cfg.pbt_mutation_rate <= 1.0, "pbt_mutation_rate", f"must be in [0, 1], got {cfg.pbt_mutation_rate}")
+    _check(1.0 <= cfg.pbt_perturb_min <= cfg.pbt_perturb_max, "pbt_perturb_min",
+           f"must satisfy 1 <= pbt_perturb_min <= pbt_perturb_max, got {cfg.pbt_perturb_min} and {cfg.pbt_perturb_max}")
+    _check(cfg.pbt_period_env_steps >= 1, "pbt_period_env_steps", f"must be a positive integer, got {cfg.pbt_period_env_steps}")
     _check(cfg.num_envs_per_worker % cfg.worker_num_splits == 0, "worker_num_splits",
            f"must divide num_envs_per_worker={cfg.num_envs_per_worker}, got {cfg.worker_num_splits}")
     groups = cfg.nproc_per_node or 1

@@ -7,6 +7,9 @@ computation otherwise, so the learner's code is the same for one replica and for
 
 from __future__ import annotations
 
+import contextlib
+from typing import Any, Iterator
+
 import torch
 import torch.distributed as dist
 
@@ -15,17 +18,32 @@ def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
+_GROUP: list = [None]  # the process group of the learner that is training now (None: the default group)
+
+
+@contextlib.contextmanager
+def policy_group(group: Any) -> Iterator[None]:
+    """Within the block, :func:`all_reduce_sum_`, :func:`all_reduce_max_` and :func:`global_moments` run on
+    ``group`` (a policy's own process group; None: the default group). Every learner trains inside its
+    policy's group, so the collectives of different policies stay on their own communicators."""
+    _GROUP.append(group)
+    try:
+        yield
+    finally:
+        _GROUP.pop()
+
+
 def all_reduce_sum_(t: torch.Tensor) -> torch.Tensor:
     """Sum ``t`` over ranks, in place; return it."""
     if is_distributed():
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=_GROUP[-1])
     return t
 
 
 def all_reduce_max_(t: torch.Tensor) -> torch.Tensor:
     """Maximum of ``t`` over ranks, in place; return it."""
     if is_distributed():
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=_GROUP[-1])
     return t
 
 
@@ -94,6 +112,16 @@ def learner_state_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimiz
             if torch.is_tensor(v):
                 out[f"optimizer.{i}.{k}"] = v
     return out
+
+
+def broadcast_(t: torch.Tensor, src: int = 0) -> torch.Tensor:
+    """Rank ``src``'s ``t`` on every rank, in place (default group); return it."""
+    if is_distributed():
+        dev = torch.device("cuda") if dist.get_backend() == "nccl" else t.device
+        local = t.to(dev)
+        dist.broadcast(local, src)
+        t.copy_(local)
+    return t
 
 
 def all_gather_tensor(t: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,7 @@ buffer and publishes the weights after each SGD step through ``on_sgd_step``.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -15,7 +15,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from msf.cfg.config import Config, Derived
-from msf.distributed.collectives import all_reduce_sum_, global_moments, is_distributed
+from msf.distributed.collectives import all_reduce_sum_, global_moments, is_distributed, policy_group
 from msf.envs.registry import EnvSpaces
 from msf.learning.advantages import apply_value_bootstrap, gae, vtrace
 from msf.learning.losses import approx_kl, clipped_value_loss, ppo_policy_loss
@@ -37,14 +37,16 @@ class Learner:
             that inference workers record per sample, to measure policy lag).
     """
 
-    def __init__(self, cfg: Config, derived: Derived, spaces: EnvSpaces, device: torch.device | str = "cpu"):
+    def __init__(self, cfg: Config, derived: Derived, spaces: EnvSpaces, device: torch.device | str = "cpu",
+                 process_group: Any = None):
         self.cfg, self.derived = cfg, derived
         self.device = torch.device(device)
+        self.process_group = process_group  # this policy's group over all ranks (None: the default group)
         self.model = ActorCritic(cfg, spaces).to(self.device)
         # With several replicas: DDP averages gradients. Its constructor broadcasts rank 0's parameters
         # and buffers once. broadcast_buffers=False: the normalisers are updated from all-reduced
         # moments instead, and a per-forward copy of rank 0's buffers would hide drift.
-        self.ddp = DDP(self.model, broadcast_buffers=False,
+        self.ddp = DDP(self.model, broadcast_buffers=False, process_group=process_group,
                        device_ids=[self.device.index] if self.device.type == "cuda" else None) \
             if is_distributed() else None
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps,
@@ -162,7 +164,7 @@ class Learner:
         loss = policy_loss + cfg.value_loss_coeff * value_loss - cfg.exploration_loss_coeff * entropy
         kl = approx_kl(log_probs.detach()[vb], old_log_probs[vb]) if bool(vb.any()) else torch.zeros(())
         stats = {"policy_loss": policy_loss.detach(), "value_loss": value_loss.detach(), "entropy": entropy.detach(),
-                 "kl": kl, "loss": loss.detach()}
+                 "kl": kl, "loss": loss.detach(), "valid": vb.sum().double()}
         return loss, stats
 
     def train(self, batch: Batch, on_sgd_step: Callable[[nn.Module, int], None] | None = None) -> dict[str, float]:
@@ -178,6 +180,10 @@ class Learner:
         Returns:
             mean losses, entropy, KL, gradient norm and learning rate over the iteration.
         """
+        with policy_group(self.process_group):
+            return self._train(batch, on_sgd_step)
+
+    def _train(self, batch: Batch, on_sgd_step: Callable[[nn.Module, int], None] | None) -> dict[str, float]:
         cfg = self.cfg
         b = self._prepare(batch)
         B = b["rewards"].shape[0]
@@ -197,7 +203,9 @@ class Learner:
                 stats["grad_norm"] = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
                 self.optimizer.step()
                 self.train_step += 1
-                kl = float(all_reduce_sum_(stats["kl"].detach().clone().reshape(1))) / self.world_size
+                # the mean over the valid samples of all replicas (a replica with none adds nothing)
+                kl_sum = all_reduce_sum_(torch.stack([stats["kl"].detach().double() * stats["valid"], stats.pop("valid")]))
+                kl = float(kl_sum[0] / kl_sum[1].clamp(min=1.0))
                 stats["kl"] = torch.tensor(kl)
                 epoch_kl += kl
                 if cfg.lr_schedule == "kl_adaptive_minibatch":
@@ -213,15 +221,42 @@ class Learner:
         out["lr"] = self.lr
         return out
 
+    def hyperparameters(self) -> dict[str, float]:
+        """This policy's values of the hyperparameters PBT perturbs (:data:`msf.learning.pbt.PBT_HYPERPARAMETERS`);
+        ``learning_rate`` is the base of the lr schedule."""
+        from msf.learning.pbt import PBT_HYPERPARAMETERS
+
+        return {k: float(getattr(self.cfg, k)) for k in PBT_HYPERPARAMETERS}
+
+    def set_hyperparameters(self, hyper: dict[str, float]) -> None:
+        """Adopt ``hyper`` (see :meth:`hyperparameters`): the lr now, and as the base of its schedule."""
+        import dataclasses
+
+        self.cfg = dataclasses.replace(self.cfg, **hyper)
+        self.set_lr(hyper["learning_rate"])
+
+    def copy_from(self, donor: "Learner") -> None:
+        """PBT's exploit step: take ``donor``'s weights, normalisers and optimiser state (not its step count).
+        The policy version moves on by one, so that the inference workers load the new weights."""
+        import copy
+
+        self.model.load_state_dict(donor.model.state_dict())
+        lr = self.lr
+        self.optimizer.load_state_dict(copy.deepcopy(donor.optimizer.state_dict()))
+        self._set_lr(lr)
+        self.train_step += 1
+
     def state_dict(self) -> dict:
-        """Everything needed to resume: model (with normalisers), optimiser, step, lr."""
+        """Everything needed to resume: model (with normalisers), optimiser, step, lr, PBT's hyperparameters."""
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "train_step": self.train_step, "lr": self.lr}
+                "train_step": self.train_step, "lr": self.lr, "hyperparameters": self.hyperparameters()}
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.train_step = int(state["train_step"])
+        if self.cfg.with_pbt and state.get("hyperparameters"):  # a policy's own, after PBT changed them
+            self.set_hyperparameters({k: float(v) for k, v in state["hyperparameters"].items()})
         self._set_lr(float(state["lr"]))
         if self.lr_schedule is not None:
             self.lr_schedule.lr = self.lr

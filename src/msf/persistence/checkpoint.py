@@ -153,13 +153,14 @@ class BackgroundCheckpointWriter:
 
     Args:
         exp_dir: the experiment folder. keep: how many newest checkpoints to keep.
-        metric: the name of the best-checkpoint metric, for the file name.
+        metric: the name of the best-checkpoint metric, for the file name. policy: whose checkpoints
+            (``checkpoint_p{policy}/``).
     """
 
-    def __init__(self, exp_dir: str, keep: int, metric: str = "reward"):
+    def __init__(self, exp_dir: str, keep: int, metric: str = "reward", policy: int = 0):
         import concurrent.futures
 
-        self.exp_dir, self.keep, self.metric = exp_dir, keep, metric
+        self.exp_dir, self.keep, self.metric, self.policy = exp_dir, keep, metric, policy
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
         self.pending = None
 
@@ -172,9 +173,10 @@ class BackgroundCheckpointWriter:
     def _write(self, state: dict, milestone: bool, best: float | None) -> None:
         if best is not None:
             log.info("saved the best checkpoint so far (%s %.3f): %s", self.metric, best,
-                     save_best_checkpoint(state, self.exp_dir, self.metric, best))
+                     save_best_checkpoint(state, self.exp_dir, self.metric, best, policy=self.policy))
         else:
-            log.info("saved %s%s", save_checkpoint(state, self.exp_dir, self.keep, milestone=milestone),
+            log.info("saved %s%s", save_checkpoint(state, self.exp_dir, self.keep, policy=self.policy,
+                                                   milestone=milestone),
                      " (and a milestone copy)" if milestone else "")
 
     def flush(self) -> None:

@@ -39,7 +39,7 @@ from msf.persistence.checkpoint import load_latest_checkpoint
 from msf.persistence.summaries import TensorBoardSummaries, setup_logging, write_json_atomic
 from msf.runner.experiment import experiment_dir
 from msf.runner.supervision import CTX, spawn, stop_children
-from msf.runner.training_loop import Channels, Counters, TrainingLoop
+from msf.runner.training_loop import Channels, Counters, PolicyCounters, TrainingLoop
 from msf.sampling.inference_worker import inference_worker_main
 from msf.sampling.rollout_worker import rollout_worker_main
 from msf.sampling.trajectory_buffer import TrajectoryBuffer
@@ -72,23 +72,27 @@ class _SignalHandler:
 
 
 def _start_workers(cfg: Config, derived: Derived, spaces: EnvSpaces, buffer: TrajectoryBuffer,
-                   weights: PublishedWeights, device: str, stop_event: Any, prefix: str = "") -> Channels:
-    """Spawn the inference workers and the rollout workers, joined by one pipe per rollout worker."""
+                   weights: list[PublishedWeights], device: str, stop_event: Any, prefix: str = "") -> Channels:
+    """Spawn the inference workers (``policy_workers_per_policy`` per policy) and the rollout workers;
+    rollout worker ``w`` has one pipe per policy, to that policy's inference worker ``w % policy_workers_per_policy``."""
     failures, full_queue, stats_queue = CTX.Queue(), CTX.Queue(), CTX.Queue()
     free_queues = [CTX.Queue() for _ in range(cfg.num_workers)]
-    P = cfg.policy_workers_per_policy
-    pipes = [CTX.Pipe(duplex=True) for _ in range(cfg.num_workers)]
-    inference_stats = [torch.zeros(3, dtype=torch.float64).share_memory_() for _ in range(P)]
+    K, P = cfg.policy_workers_per_policy, cfg.num_policies
+    pipes = [[CTX.Pipe(duplex=True) for _ in range(P)] for _ in range(cfg.num_workers)]
+    inference_stats = [torch.zeros(3, dtype=torch.float64).share_memory_() for _ in range(P * K)]
     rollout_wait = [torch.zeros(1, dtype=torch.float64).share_memory_() for _ in range(cfg.num_workers)]
     procs = []
     me = os.getpid()
-    for i in range(P):
-        conns = {w: pipes[w][0] for w in range(i, cfg.num_workers, P)}
-        procs.append(spawn(inference_worker_main, f"{prefix}inference_worker_{i}", failures, cfg, derived, spaces, buffer,
-                           conns, weights, device, stop_event, me, inference_stats[i]))
+    for p in range(P):
+        for i in range(K):
+            conns = {w: pipes[w][p][0] for w in range(i, cfg.num_workers, K)}
+            name = f"{prefix}inference_worker_{i}" if P == 1 else f"{prefix}inference_worker_p{p}_{i}"
+            procs.append(spawn(inference_worker_main, name, failures, cfg, derived, spaces, buffer, p, conns,
+                               weights[p], device, stop_event, me, inference_stats[p * K + i]))
     for w in range(cfg.num_workers):
         procs.append(spawn(rollout_worker_main, f"{prefix}rollout_worker_{w}", failures, cfg, derived, w, buffer,
-                           pipes[w][1], full_queue, free_queues[w], stats_queue, stop_event, me, rollout_wait[w]))
+                           [pipes[w][p][1] for p in range(P)], full_queue, free_queues[w], stats_queue, stop_event,
+                           me, rollout_wait[w]))
     return Channels(full_queue, free_queues, stats_queue, failures, procs, inference_stats, rollout_wait)
 
 
@@ -108,43 +112,56 @@ def run_device_group(cfg: Config, spaces: EnvSpaces, rank: RankInfo) -> dict | N
     device = f"cuda:{rank.local_rank}" if cfg.device == "gpu" else "cpu"
     torch.manual_seed(cfg.seed)  # the same on every replica; DDP also broadcasts rank 0's weights
     # the learner shares the machine with the workers: more threads than spare cores only contend
-    busy = cfg.num_workers + cfg.policy_workers_per_policy * rank.nproc_per_node
+    P = cfg.num_policies
+    busy = cfg.num_workers + cfg.policy_workers_per_policy * P * rank.nproc_per_node
     torch.set_num_threads(max(1, ((os.cpu_count() or 1) - busy) // rank.nproc_per_node))
-    learner = Learner(group_cfg, derived, spaces, device)
-    counters = Counters()
+    # one process group per policy over all ranks, created in the same order on every rank: each policy's
+    # DDP and learner collectives run on its own group (one policy: the default group)
+    groups = [torch.distributed.new_group(list(range(rank.world_size))) for _ in range(P)] \
+        if rank.distributed and P > 1 else [None] * P
+    learners = []
+    for p in range(P):
+        torch.manual_seed(cfg.seed + p)  # policies start apart; a policy's replicas start equal (and DDP broadcasts)
+        learners.append(Learner(group_cfg, derived, spaces, device, process_group=groups[p]))
+    counters = Counters(policies=[PolicyCounters() for _ in range(P)])
     purge_step = None
-    state = load_latest_checkpoint(exp_dir) if cfg.restart_behavior == "resume" else None
-    if rank.distributed:
-        # no shared file system needed: the rank with the newest checkpoint sends it to the others
-        state = load_newest_state(state)
-    if state is not None:
+    for p, learner in enumerate(learners):
+        state = load_latest_checkpoint(exp_dir, policy=p) if cfg.restart_behavior == "resume" else None
+        if rank.distributed:
+            # no shared file system needed: the rank with the newest checkpoint sends it to the others
+            state = load_newest_state(state)
+        if state is None:
+            continue
         learner.load_state_dict(state)
         saved_lr = state.get("config", {}).get("learning_rate")
         if saved_lr is not None and saved_lr != cfg.learning_rate:
             # --learning_rate was changed on the command line: it replaces the checkpoint's lr
             learner.set_lr(cfg.learning_rate)
             log.info("learning rate set to %g (--learning_rate changed from %g)", cfg.learning_rate, saved_lr)
-        counters = Counters(env_steps=state["env_steps"], episodes=state["episodes"],
-                            dropped_trajectories=state["dropped_trajectories"],
-                            returns=state["episode_returns"], lengths=state["episode_lengths"],
-                            best_metric=state.get("best_metric"))
-        # the curves resume after the checkpoint's point, which the run that stopped there wrote last
-        # (a run that died later wrote more: those events are dropped from the curves)
-        purge_step = counters.env_steps * derived.frameskip + 1
-        log.info("resumed from %s at env step %d, policy version %d", state["path"], counters.env_steps,
-                 learner.policy_version)
-        if counters.env_steps * derived.frameskip >= cfg.train_for_env_steps:
-            # every rank reads the same checkpoint, so every rank returns here: nothing to agree on
-            log.info("the budget (--train_for_env_steps=%d) is already spent: nothing to do; the results of the "
-                     "finished run are kept", cfg.train_for_env_steps)
-            return None
+        counters.policies[p] = PolicyCounters(returns=state["episode_returns"], lengths=state["episode_lengths"],
+                                              best_metric=state.get("best_metric"))
+        if p == 0:
+            counters.env_steps, counters.episodes = state["env_steps"], state["episodes"]
+            counters.dropped_trajectories = state["dropped_trajectories"]
+            # the curves resume after the checkpoint's point, which the run that stopped there wrote last
+            # (a run that died later wrote more: those events are dropped from the curves)
+            purge_step = counters.env_steps * derived.frameskip + 1
+        log.info("resumed%s from %s at env step %d, policy version %d", f" policy {p}" if P > 1 else "",
+                 state["path"], state["env_steps"], learner.policy_version)
+    if purge_step is not None and counters.env_steps * derived.frameskip >= cfg.train_for_env_steps:
+        # every rank reads the same checkpoint, so every rank returns here: nothing to agree on
+        log.info("the budget (--train_for_env_steps=%d) is already spent: nothing to do; the results of the "
+                 "finished run are kept", cfg.train_for_env_steps)
+        return None
     log.info("msf %s | %s | rank %d/%d | device %s | %d rollout workers x %d envs, %d inference workers | %s",
              msf.__version__, cfg.env, rank.rank, rank.world_size, device, group_cfg.num_workers,
              cfg.num_envs_per_worker, cfg.policy_workers_per_policy, exp_dir)
-    check_replicas_identical(learner_state_tensors(learner.model, learner.optimizer))
+    for learner in learners:
+        check_replicas_identical(learner_state_tensors(learner.model, learner.optimizer))
     buffer = TrajectoryBuffer.allocate(group_cfg, derived, spaces)
-    weights = PublishedWeights(learner.model)
-    weights.publish(learner.model, learner.policy_version)
+    weights = [PublishedWeights(learner.model) for learner in learners]
+    for w, learner in zip(weights, learners):
+        w.publish(learner.model, learner.policy_version)
     stop_event = CTX.Event()
     tb = TensorBoardSummaries(exp_dir, purge_step=purge_step, wandb_cfg=cfg if cfg.with_wandb else None) \
         if rank.is_main else None
@@ -152,7 +169,7 @@ def run_device_group(cfg: Config, spaces: EnvSpaces, rank: RankInfo) -> dict | N
     worker_cfg = dataclasses.replace(group_cfg, seed=cfg.seed + 1_000_003 * rank.rank)
     ch = _start_workers(worker_cfg, derived, spaces, buffer, weights, device, stop_event,
                         prefix=f"rank{rank.rank}/" if rank.distributed else "")
-    loop = TrainingLoop(cfg, derived, learner, buffer, weights, ch, exp_dir, counters, tb, rank)
+    loop = TrainingLoop(cfg, derived, learners, buffer, weights, ch, exp_dir, counters, tb, rank)
     signals = _SignalHandler(loop)
     t0 = time.monotonic()
     error: Exception | None = None
@@ -164,7 +181,7 @@ def run_device_group(cfg: Config, spaces: EnvSpaces, rank: RankInfo) -> dict | N
         status, error = "failed", e
     finally:
         try:
-            loop.writer.close()  # a periodic checkpoint still being written completes: nothing is lost
+            loop.close_writers()  # a periodic checkpoint still being written completes: nothing is lost
         except Exception as e:  # noqa: BLE001
             log.error("writing a checkpoint failed: %s", e)
             status, error = "failed", error or e
@@ -184,16 +201,28 @@ def run_device_group(cfg: Config, spaces: EnvSpaces, rank: RankInfo) -> dict | N
 
 
 def _summary(cfg: Config, rank: RankInfo, loop: TrainingLoop, status: str, wall: float) -> dict:
+    """``summary.json``: the run's figures (those of policy 0 at the top level) and ``policies``, keyed by
+    policy id, each with its return, episode length, train steps, policy version and lag."""
     c, gs = loop.c, loop.global_stats
     run_frames = (c.env_steps - loop.start_steps) * cfg.env_frameskip
+    per_policy = gs.get("policies") or [{} for _ in loop.policies]
+    policies = {
+        str(p): {"episode_return_mean": ps.get("return_mean"), "episode_length_mean": ps.get("length_mean"),
+                 "train_steps": pol.learner.train_step, "policy_version": pol.learner.policy_version,
+                 "policy_lag_mean": ps.get("lag_mean", pol.stats.lag[1]), "best_metric": pol.stats.best_metric,
+                 "hyperparameters": pol.learner.hyperparameters(),
+                 "empty_batches": ps.get("empty_batches", pol.empty_batches)}
+        for p, (pol, ps) in enumerate(zip(loop.policies, per_policy))}
+    lag = loop.policies[0].stats.lag
     return {
         "status": status, "env": cfg.env, "experiment": cfg.experiment, "msf_version": msf.__version__,
         "env_steps": c.env_steps, "env_frames": c.env_steps * cfg.env_frameskip,
         "wall_seconds": wall, "fps": run_frames / max(wall, 1e-9), "train_steps": loop.learner.train_step,
         "policy_version": loop.learner.policy_version, "episodes": c.episodes,
         "episode_return_mean": gs.get("return_mean"), "episode_length_mean": gs.get("length_mean"),
-        "policy_lag_mean": gs.get("lag_mean", c.lag[1]), "policy_lag_max": gs.get("lag_max", c.lag[2]),
+        "policy_lag_mean": gs.get("lag_mean", lag[1]), "policy_lag_max": gs.get("lag_max", lag[2]),
         "dropped_trajectories": c.dropped_trajectories, "world_size": rank.world_size,
         "nproc_per_node": rank.nproc_per_node, "nnodes": rank.nnodes, "fps_per_rank": gs.get("fps_per_rank"),
-        "seed": cfg.seed,
+        "seed": cfg.seed, "num_policies": cfg.num_policies, "policies": policies,
+        "pbt_replacements": loop.pbt_replacements,
     }

@@ -33,16 +33,20 @@ class InferenceWorker:
     """One inference worker (see module docstring).
 
     Args:
+        policy: the policy it serves: it acts for the rows whose trajectory is this policy's
+            (``buffer.slot_policy``), and leaves the others of a split to their policies' workers.
         conns: ``{rollout worker index: pipe end}`` of the rollout workers it serves.
         weights: the learner's published weights. device: torch device of the forward pass.
         stats: shared ``[3]`` float64 tensor this worker adds to: (batches, samples, seconds spent
             waiting for requests), for the summaries.
     """
 
-    def __init__(self, cfg: Config, derived: Derived, spaces: EnvSpaces, buffer: TrajectoryBuffer,
+    def __init__(self, cfg: Config, derived: Derived, spaces: EnvSpaces, buffer: TrajectoryBuffer, policy: int,
                  conns: dict[int, Connection], weights: PublishedWeights, device: str, stop_event: Any,
                  parent_pid: int, stats: torch.Tensor):
         self.cfg, self.conns, self.weights, self.stop_event = cfg, conns, weights, stop_event
+        self.policy = policy
+        self.slot_policy = buffer.slot_policy.numpy() if cfg.num_policies > 1 else None
         self.parent_pid, self.stats = parent_pid, stats.numpy()  # a view of the shared memory
         self.device = torch.device(device)
         self.eps = derived.agents_per_split
@@ -65,6 +69,8 @@ class InferenceWorker:
     @torch.inference_mode()
     def _serve(self, requests: list[tuple[int, int]]) -> None:
         cur = np.concatenate([self.cursors[w, s * self.eps:(s + 1) * self.eps] for w, s in requests])
+        if self.slot_policy is not None:
+            cur = cur[self.slot_policy[cur[:, 0]] == self.policy]
         slots, ts = cur[:, 0], cur[:, 1]
         obs_idx = torch.from_numpy(slots * (self.T + 1) + ts)
         act_idx = torch.from_numpy(slots * self.T + ts)

@@ -20,6 +20,7 @@ class EpisodeStats:
     worker: int
     returns: list[float]
     lengths: list[int]
+    policies: list[int]  # the policy that drove each episode's agent
 
 
 @dataclass

@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, wait
 from typing import Any
 
 import numpy as np
@@ -41,7 +41,8 @@ class RolloutWorker:
         cfg, derived: the run's configuration.
         index: worker index ``w`` in ``[0, num_workers)``.
         buffer: the device group's trajectory buffer.
-        conn: this worker's end of the pipe to its inference worker.
+        conns: this worker's pipe ends, one per policy, to the inference worker of that policy that
+            serves it.
         full_queue: where finished trajectories are announced (:class:`FullTrajectories`).
         free_queue: where the learner returns this worker's slots once copied out.
         stats_queue: where finished episodes are reported (:class:`EpisodeStats`).
@@ -50,10 +51,10 @@ class RolloutWorker:
             blocked on actions or on a free slot), for the summaries' share of time spent waiting.
     """
 
-    def __init__(self, cfg: Config, derived: Derived, index: int, buffer: TrajectoryBuffer, conn: Connection,
+    def __init__(self, cfg: Config, derived: Derived, index: int, buffer: TrajectoryBuffer, conns: list[Connection],
                  full_queue: Any, free_queue: Any, stats_queue: Any, stop_event: Any, parent_pid: int,
                  wait_seconds: torch.Tensor):
-        self.cfg, self.index, self.conn = cfg, index, conn
+        self.cfg, self.index, self.conns = cfg, index, conns
         self.wait_seconds = wait_seconds.numpy()  # a view of the shared memory: cheap to add to
         self.full_queue, self.free_queue, self.stats_queue = full_queue, free_queue, stats_queue
         self.stop_event, self.parent_pid = stop_event, parent_pid
@@ -65,6 +66,7 @@ class RolloutWorker:
         self.obs, self.rewards, self.dones = b["obs"], b["rewards"], b["dones"]
         self.time_outs, self.actions, self.cursors = b["time_outs"], b["actions"], b["cursors"][index]
         self.rnn_states = b["rnn_states"] if b["rnn_states"].shape[-1] else None
+        self.slot_policy = b["slot_policy"]
         self.obs_dtype = self.obs.dtype
         first = index * derived.slots_per_worker
         self.free_slots = collections.deque(range(first, first + derived.slots_per_worker))
@@ -79,7 +81,16 @@ class RolloutWorker:
         self.ep_len = np.zeros(self.E, dtype=np.int64)
         self.done_returns: list[float] = []
         self.done_lengths: list[int] = []
+        self.done_policies: list[int] = []
         self.last_stats = time.monotonic()
+        # which policy drives each row: drawn at the start, and again at the first trajectory boundary
+        # after an episode of the row's env ended (so a trajectory is one policy's)
+        self.P = cfg.num_policies
+        self.A = derived.num_agents
+        self.rng = np.random.default_rng([seed, index, 7])
+        self.row_policy = np.zeros(self.E, dtype=np.int64)
+        self.episode_ended = np.zeros(self.E, dtype=bool)  # since the row's trajectory started
+        self.waiting = np.zeros(cfg.worker_num_splits, dtype=np.int64)  # replies still due per split
 
     def _take_slot(self) -> int:
         """A free slot of this worker; blocks (back-pressure from the learner) until one is returned."""
@@ -97,12 +108,26 @@ class RolloutWorker:
         if self.stop_event.is_set() or not parent_alive(self.parent_pid):
             raise _Stop
 
+    def _draw_policies(self, rows: np.ndarray) -> None:
+        """New policies for ``rows`` (whole envs' rows): one per agent with ``pbt_mix_policies_in_one_env``,
+        else one per env (Sample Factory's mapping)."""
+        if self.P == 1 or not len(rows):
+            return
+        if self.cfg.pbt_mix_policies_in_one_env:
+            self.row_policy[rows] = self.rng.integers(self.P, size=len(rows))
+        else:
+            envs = np.unique(rows // self.A)
+            drawn = dict(zip(envs.tolist(), self.rng.integers(self.P, size=len(envs)).tolist()))
+            self.row_policy[rows] = [drawn[r // self.A] for r in rows.tolist()]
+
     def _reset_all(self) -> None:
+        self._draw_policies(np.arange(self.E))
         for split, envs in enumerate(self.splits):
             for i, obs in enumerate(envs.reset()):
                 e = split * self.eps + i
                 slot = self._take_slot()
                 self.cursors[e] = (slot, 0)
+                self.slot_policy[slot] = self.row_policy[e]
                 self.obs[slot, 0] = obs
                 if self.rnn_states is not None:
                     self.rnn_states[slot, 0] = 0.0
@@ -123,6 +148,8 @@ class RolloutWorker:
         for i in np.nonzero(ended)[0]:
             self.done_returns.append(float(self.ep_return[lo + i]))
             self.done_lengths.append(int(self.ep_len[lo + i]))
+            self.done_policies.append(int(self.row_policy[lo + i]))
+        self.episode_ended[lo:hi] |= ended
         self.ep_return[lo:hi][ended] = 0.0
         self.ep_len[lo:hi][ended] = 0
         self.rewards[slots, ts] = rew
@@ -138,18 +165,35 @@ class RolloutWorker:
         full = np.nonzero(ts == self.T)[0]
         if len(full):
             self.full_queue.put(FullTrajectories(self.index, slots[full].tolist()))
-            for i in full:
+            if self.P > 1:
+                # rows of one env reach the boundary together (they step together), so whole envs redraw
+                redraw = lo + full[self.episode_ended[lo + full]]
+                before = self.row_policy[lo + full].copy()
+                self._draw_policies(redraw)
+                self.episode_ended[lo + full] = False
+            for k, i in enumerate(full):
                 new = self._take_slot()
                 self.obs[new, 0] = self.obs[slots[i], self.T]
+                self.slot_policy[new] = self.row_policy[lo + i]
                 if self.rnn_states is not None:
-                    self.rnn_states[new, 0] = self.rnn_states[slots[i], self.T]
+                    switched = self.P > 1 and self.row_policy[lo + i] != before[k]
+                    # another policy's core state means nothing to this one: it starts from zeros
+                    self.rnn_states[new, 0] = 0.0 if switched else self.rnn_states[slots[i], self.T]
                 slots[i], ts[i] = new, 0
         cur[:, 0], cur[:, 1] = slots, ts
 
+    def _request(self, split: int) -> None:
+        """Ask the inference worker of every policy that drives a row of ``split`` for its actions."""
+        lo, hi = split * self.eps, (split + 1) * self.eps
+        policies = np.unique(self.row_policy[lo:hi]) if self.P > 1 else (0,)
+        self.waiting[split] = len(policies)
+        for p in policies:
+            self.conns[p].send_bytes(bytes([split]))
+
     def _report_stats(self, now: float) -> None:
         if self.done_returns and now - self.last_stats > STATS_PERIOD_S:
-            self.stats_queue.put(EpisodeStats(self.index, self.done_returns, self.done_lengths))
-            self.done_returns, self.done_lengths = [], []
+            self.stats_queue.put(EpisodeStats(self.index, self.done_returns, self.done_lengths, self.done_policies))
+            self.done_returns, self.done_lengths, self.done_policies = [], [], []
             self.last_stats = now
 
     def run(self) -> None:
@@ -157,21 +201,24 @@ class RolloutWorker:
         try:
             self._reset_all()
             for split in range(self.cfg.worker_num_splits):
-                self.conn.send_bytes(bytes([split]))
+                self._request(split)
             last_reply = time.monotonic()
             while True:
                 t0 = time.monotonic()
-                got = self.conn.poll(0.5)
+                ready = wait(self.conns, timeout=0.5)
                 self.wait_seconds[0] += time.monotonic() - t0
-                if not got:
+                if not ready:
                     self._check_stop()
                     if time.monotonic() - last_reply > ACTION_TIMEOUT_S:
                         raise TimeoutError(f"no actions from the inference worker for {ACTION_TIMEOUT_S:.0f} s")
                     continue
-                while self.conn.poll():
-                    for split in self.conn.recv_bytes():
-                        self._step_split(split)
-                        self.conn.send_bytes(bytes([split]))
+                for conn in ready:
+                    while conn.poll():
+                        for split in conn.recv_bytes():
+                            self.waiting[split] -= 1
+                            if self.waiting[split] == 0:  # every policy of the split has answered
+                                self._step_split(split)
+                                self._request(split)
                 now = last_reply = time.monotonic()
                 self._report_stats(now)
                 if self.stop_event.is_set():

@@ -56,6 +56,7 @@ class TrajectoryBuffer:
     policy_versions: torch.Tensor
     rnn_states: torch.Tensor
     cursors: torch.Tensor
+    slot_policy: torch.Tensor  # [S] int64: the policy whose trajectory the slot holds
 
     @classmethod
     def allocate(cls, cfg: Config, derived: Derived, spaces: EnvSpaces) -> "TrajectoryBuffer":
@@ -73,6 +74,7 @@ class TrajectoryBuffer:
             policy_versions=_shared((S, T), torch.int64),
             rnn_states=_shared((S, T + 1, derived.rnn_state_size), torch.float32),
             cursors=_shared((cfg.num_workers, cfg.num_envs_per_worker * derived.num_agents, 2), torch.int64),
+            slot_policy=_shared((S,), torch.int64),
         )
 
     @property

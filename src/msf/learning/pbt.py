@@ -1,0 +1,77 @@
+"""Population-based training (Jaderberg et al. 2017, "Population Based Training of Neural Networks"):
+the exploit (copy a better policy's weights) and explore (perturb its hyperparameters) steps over the
+``num_policies`` policies of one run, with Sample Factory's flags.
+
+The decision is a pure function of the policies' objectives, their hyperparameters and a random generator,
+so that it is made once (rank 0) and applied identically everywhere.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+# The hyperparameters PBT perturbs, with the range each is kept in.
+PBT_HYPERPARAMETERS: dict[str, tuple[float, float]] = {
+    "learning_rate": (1e-7, 1e-1),
+    "exploration_loss_coeff": (0.0, 1.0),
+    "value_loss_coeff": (1e-3, 10.0),
+    "ppo_clip_ratio": (0.01, 1.0),
+}
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """Policy ``recipient`` takes policy ``donor``'s weights, optimiser state and normalisers, and the
+    hyperparameters ``hyperparameters`` (the donor's, perturbed)."""
+
+    recipient: int
+    donor: int
+    hyperparameters: dict[str, float]
+
+
+def perturb(hyper: dict[str, float], rng: np.random.Generator, rate: float, lo: float, hi: float) -> dict[str, float]:
+    """Each value, with probability ``rate``, multiplied or divided (even odds) by a factor drawn uniformly
+    from ``[lo, hi]``, then clipped to its range in :data:`PBT_HYPERPARAMETERS`."""
+    out = {}
+    for k, v in hyper.items():
+        if rng.random() < rate:
+            f = rng.uniform(lo, hi)
+            v = v * f if rng.random() < 0.5 else v / f
+        a, b = PBT_HYPERPARAMETERS[k]
+        out[k] = float(min(max(v, a), b))
+    return out
+
+
+def pbt_decision(objectives: list[float | None], hyper: list[dict[str, float]], rng: np.random.Generator,
+                 replace_fraction: float, gap: float, gap_absolute: float, mutation_rate: float,
+                 perturb_min: float, perturb_max: float) -> list[Replacement]:
+    """Which policies are replaced, by whom, with which hyperparameters.
+
+    Args:
+        objectives: per policy, the objective (higher is better; None: not measured yet, never replaced
+            and never a donor).
+        hyper: per policy, its current values of :data:`PBT_HYPERPARAMETERS`.
+        replace_fraction: the worst ``ceil(P x fraction)`` policies may be replaced, each by one of the best
+            ``ceil(P x fraction)`` drawn at random.
+        gap, gap_absolute: a replacement happens only if ``donor - recipient > max(gap x |recipient|,
+            gap_absolute)``.
+
+    Returns:
+        the replacements, in recipient order.
+    """
+    ranked = sorted((o, p) for p, o in enumerate(objectives) if o is not None)
+    k = min(len(ranked) // 2, math.ceil(len(objectives) * replace_fraction))
+    if k < 1:
+        return []
+    worst = [p for _, p in ranked[:k]]
+    best = [p for _, p in ranked[-k:]]
+    out = []
+    for recipient in sorted(worst):
+        donor = best[int(rng.integers(len(best)))]
+        o_r, o_d = objectives[recipient], objectives[donor]
+        if o_d - o_r > max(gap * abs(o_r), gap_absolute):
+            out.append(Replacement(recipient, donor, perturb(hyper[donor], rng, mutation_rate, perturb_min, perturb_max)))
+    return out
