@@ -268,3 +268,22 @@ def _register_pettingzoo():
 
 
 _register_pettingzoo()
+
+
+def _register_fake_unity():
+    import importlib.util
+
+    if importlib.util.find_spec("mlagents_envs") is None:
+        return
+    from msf.envs.registry import register_env
+    from msf.envs.unity import UnityMultiAgent
+
+    def make(name, env_config):
+        from fake_unity import FakeDuel
+
+        return UnityMultiAgent(FakeDuel(seed=env_config.get("seed", 0)))
+
+    register_env("unity_fake_duel", make)
+
+
+_register_fake_unity()

@@ -67,6 +67,7 @@ class Config:
     env_backend: str = _f("gymnasium", "How rollout workers step their envs: gymnasium (one env object each, a Python loop) or envpool (one EnvPool per split of a worker, one C++ call; atari_* and mujoco_*, extra [envpool])", SAMPLING, ("gymnasium", "envpool"))
     atari_sticky_actions: bool = _f(False, "atari_*: sticky actions (the previous action repeats with probability 0.25, Machado et al. 2018)", SAMPLING)
     atari_full_action_space: bool = _f(False, "atari_*: the full set of 18 actions instead of the game's minimal set", SAMPLING)
+    unity_env_path: str | None = _f(None, "unity_*: the executable of a built Unity ML-Agents scene (one Unity process per env, ports by env index)", SAMPLING)
     summaries_use_frameskip: bool = _f(True, "Count env frames (steps x frameskip) in the step budget, the curves' x-axis and FPS", SAMPLING)
 
     # --- learning ---

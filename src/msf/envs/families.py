@@ -36,11 +36,13 @@ DOOM = {"basic": "VizdoomBasic-v1", "defend_the_center": "VizdoomDefendCenter-v1
 DOOM_RESOLUTION = (72, 128)  # height, width: Sample Factory's doom observations
 
 EXTRAS = {"atari_": ("atari", ("ale_py", "cv2")), "doom_": ("vizdoom", ("vizdoom", "cv2")),
-          "mujoco_": ("mujoco", ("mujoco",)), "MiniGrid-": ("minigrid", ("minigrid",))}
+          "mujoco_": ("mujoco", ("mujoco",)), "MiniGrid-": ("minigrid", ("minigrid",)),
+          "unity_": ("unity", ("mlagents_envs",))}
 
 
 def family_of(name: str) -> str | None:
-    """The family prefix of ``name`` (``"atari_"``, ``"doom_"``, ``"mujoco_"``, ``"MiniGrid-"``), or None."""
+    """The family prefix of ``name`` (``"atari_"``, ``"doom_"``, ``"mujoco_"``, ``"MiniGrid-"``, ``"unity_"``),
+    or None."""
     return next((p for p in EXTRAS if name.startswith(p)), None)
 
 
@@ -148,8 +150,20 @@ def make_minigrid(name: str, env_config: dict[str, Any]) -> gym.Env:
     return ImgObsWrapper(env)
 
 
+def make_unity(name: str, env_config: dict[str, Any]) -> gym.Env:
+    """``unity_*``: see :func:`msf.envs.unity.make_unity`."""
+    import os
+
+    from msf.envs.unity import make_unity as make
+
+    path = env_config.get("unity_env_path")
+    if path and not os.path.isfile(path):
+        raise ConfigError(f"--unity_env_path: no file {path!r} (the executable of a built Unity scene)")
+    return make(name, env_config)
+
+
 MAKERS: dict[str, MakeFn] = {"atari_": make_atari, "doom_": make_doom, "mujoco_": make_mujoco,
-                             "MiniGrid-": make_minigrid}
+                             "MiniGrid-": make_minigrid, "unity_": make_unity}
 
 
 def apply_family_defaults(cfg, given: set[str]):

@@ -55,14 +55,35 @@ def env_config_of(cfg: Any, worker_index: int = 0, env_index: int = 0, seed: int
     """The ``env_config`` every env maker receives: its indices and seed, and the env flags of ``cfg``."""
     return {"worker_index": worker_index, "env_index": env_index, "seed": seed,
             "atari_sticky_actions": cfg.atari_sticky_actions, "atari_full_action_space": cfg.atari_full_action_space,
-            **extra}
+            "unity_env_path": getattr(cfg, "unity_env_path", None), **extra}
+
+
+class MultiAgentFlatten(gym.Wrapper):
+    """:func:`flatten_dict_obs` for a multi-agent env: each agent's ``Dict`` observation flattened alike."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.dict_space = env.observation_space
+        self.observation_space = gym.spaces.flatten_space(self.dict_space)
+
+    def _flat(self, obs):
+        return [gym.spaces.flatten(self.dict_space, o).astype(np.float32) for o in obs]
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        return self._flat(obs), info
+
+    def step(self, actions):
+        obs, *rest = self.env.step(actions)
+        return (self._flat(obs), *rest)
 
 
 def flatten_dict_obs(env: gym.Env) -> gym.Env:
     """A ``Dict`` observation space becomes one float32 vector (gymnasium's ``FlattenObservation``, keys in the
-    space's order, ``Discrete`` one-hot); the model splits it again by :attr:`EnvSpaces.obs_layout`."""
+    space's order, ``Discrete`` one-hot; per agent for a multi-agent env); the model splits it again by
+    :attr:`EnvSpaces.obs_layout`."""
     if isinstance(env.observation_space, gym.spaces.Dict):
-        return gym.wrappers.FlattenObservation(env)
+        return MultiAgentFlatten(env) if num_agents_of(env) > 1 else gym.wrappers.FlattenObservation(env)
     return env
 
 
@@ -155,14 +176,14 @@ def spaces_of(env: gym.Env) -> EnvSpaces:
     agents = num_agents_of(env)
     if agents < 1:
         raise ConfigError(f"--env: num_agents must be at least 1, got {agents}")
-    if agents > 1 and isinstance(obs, gym.spaces.Dict):
-        raise ConfigError("--env: Dict observations of a multi-agent env are not supported yet")
     return dataclasses.replace(_spaces_of(env, obs, act), num_agents=agents)
 
 
 def _spaces_of(env: gym.Env, obs: gym.Space, act: gym.Space) -> EnvSpaces:
     layout = None
-    if isinstance(env, gym.wrappers.FlattenObservation) and isinstance(env.env.observation_space, gym.spaces.Dict):
+    if isinstance(env, MultiAgentFlatten):
+        layout = tuple(_layout_entry(k, sub) for k, sub in env.dict_space.spaces.items())
+    elif isinstance(env, gym.wrappers.FlattenObservation) and isinstance(env.env.observation_space, gym.spaces.Dict):
         layout = tuple(_layout_entry(k, sub) for k, sub in env.env.observation_space.spaces.items())
     elif not isinstance(obs, gym.spaces.Box):
         raise ConfigError(f"--env: observation space {obs} is not supported (supported: Box, Dict of Box and "
