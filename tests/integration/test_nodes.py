@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -294,3 +295,21 @@ def test_two_nodes_restart_together_after_a_failure(train_dir, tmp_path):
         assert "restart 1 of --max_restarts=1" in log and "resumed from" in log
     s = read_summary(train_dir / "node0", "rs2")
     assert s["status"] == "done" and s["world_size"] == 2 and s["env_steps"] >= 40000
+
+
+@pytest.mark.slow
+def test_two_nodes_with_two_policies_and_pbt(train_dir):
+    """Each policy's process group spans both nodes; PBT's decision is made on node 0 and applied on both."""
+    port = free_port()
+    args = [*SHORT, "--seed=3", "--num_policies=2", "--with_pbt=True", "--pbt_period_env_steps=10000",
+            "--pbt_start_mutation=0", "--pbt_replace_reward_gap=0", "--ddp_check_interval=1", "--learning_rate=1e-3",
+            "--train_for_env_steps=30000"]
+    n0 = start(node_args(train_dir, 0, "pop", port, args))
+    n1 = start(node_args(train_dir, 1, "pop", port, args))
+    (r0, _, e0), (r1, _, e1) = finish(n0, n1, timeout=300)
+    assert r0 == 0 and r1 == 0, (e0[-2000:], e1[-2000:])
+    s = read_summary(train_dir / "node0", "pop")
+    assert s["world_size"] == 2 and set(s["policies"]) == {"0", "1"} and s["pbt_replacements"]
+    logs = [(train_dir / f"node{n}" / "pop" / "log.txt").read_text() for n in (0, 1)]
+    decisions = [re.findall(r"(PBT round \d+ .*)", log) for log in logs]
+    assert decisions[0] and decisions[0] == decisions[1]
