@@ -44,6 +44,7 @@ class EvalArgs:
     """The flags of ``msf-enjoy`` beyond the training config (Sample Factory's names)."""
 
     load_checkpoint_kind: str = "latest"
+    policy_index: int = 0
     max_num_episodes: int = 10
     max_num_frames: int = 10**9
     eval_deterministic: bool = False
@@ -59,6 +60,8 @@ def build_enjoy_parser() -> argparse.ArgumentParser:
     g = parser.add_argument_group(EVAL)
     g.add_argument("--load_checkpoint_kind", default="latest", choices=("latest", "best"),
                    help="latest: the newest periodic checkpoint; best: the one with the best --save_best_metric")
+    g.add_argument("--policy_index", type=int, default=0,
+                   help="Which policy of a --num_policies run to play (its checkpoint_p{i}/), in [0, num_policies)")
     g.add_argument("--max_num_episodes", type=integer, default=10, help="Episodes to play")
     g.add_argument("--max_num_frames", type=integer, default=10**9,
                    help="Stop after this many env frames (env steps x env_frameskip), even within an episode")
@@ -129,10 +132,13 @@ def evaluate(cfg: Config, ev: EvalArgs) -> dict:
     from msf.persistence.checkpoint import load_latest_checkpoint
 
     exp_dir = os.path.join(cfg.train_dir, cfg.experiment)
-    state = load_latest_checkpoint(exp_dir, kind=ev.load_checkpoint_kind)
+    if not 0 <= ev.policy_index < cfg.num_policies:
+        raise ConfigError(f"--policy_index: must be in [0, {cfg.num_policies}) for {cfg.experiment!r} "
+                          f"(trained with --num_policies={cfg.num_policies}), got {ev.policy_index}")
+    state = load_latest_checkpoint(exp_dir, policy=ev.policy_index, kind=ev.load_checkpoint_kind)
     if state is None:
         raise ConfigError(f"--load_checkpoint_kind: no readable {ev.load_checkpoint_kind} checkpoint in "
-                          f"{os.path.join(exp_dir, 'checkpoint_p0')}")
+                          f"{os.path.join(exp_dir, f'checkpoint_p{ev.policy_index}')}")
     render = None
     if ev.save_video:
         render = "rgb_array"
@@ -221,7 +227,8 @@ def evaluate(cfg: Config, ev: EvalArgs) -> dict:
     lengths = [e["length"] for e in episodes]
     result = {
         "env": cfg.env, "experiment": cfg.experiment, "checkpoint": state["path"], "env_steps": state["env_steps"],
-        "policy_version": state["policy_version"], "deterministic": ev.eval_deterministic, "episodes": episodes,
+        "policy_index": ev.policy_index, "policy_version": state["policy_version"],
+        "deterministic": ev.eval_deterministic, "episodes": episodes,
         "num_episodes": len(episodes), "return_mean": float(np.mean(returns)) if returns else None,
         "return_std": float(np.std(returns)) if returns else None,
         "length_mean": float(np.mean(lengths)) if lengths else None, "env_frames": frames,

@@ -87,6 +87,10 @@ def _main(argv: list[str] | None) -> int:
         cfg = resolve(cfg, given, plan)
         from msf.envs.registry import env_config_of
 
+        if cfg.with_pbt and max(cfg.pbt_start_mutation, cfg.pbt_period_env_steps) > cfg.train_for_env_steps:
+            print(f"msf-train: warning: --with_pbt: no replacement can happen within --train_for_env_steps="
+                  f"{cfg.train_for_env_steps} (--pbt_start_mutation={cfg.pbt_start_mutation}, "
+                  f"--pbt_period_env_steps={cfg.pbt_period_env_steps})", file=sys.stderr)
         spaces = env_spaces(cfg.env, env_config_of(cfg))
         if cfg.env_backend == "envpool":
             from msf.envs.vector import check_envpool

@@ -112,3 +112,38 @@ def test_ctrl_c_during_start_up_exits_130_even_when_started_with_sigint_ignored(
             p.kill()
     assert p.returncode == 130, err[-2000:]
     assert "interrupted before training began" in err
+
+
+def test_ctrl_c_to_the_process_group_while_workers_start_is_quiet_and_saves_nothing(train_dir):
+    """A terminal's Ctrl-C reaches every process of the group; the workers, still importing, ignore it."""
+    import os
+    import subprocess
+    import sys
+
+    from .conftest import msf_env
+
+    exp = train_dir / "startup"
+    p = subprocess.Popen([sys.executable, "-m", "msf.train", "--device=cpu", "--env=CartPole-v1", "--experiment=startup",
+                          f"--train_dir={train_dir}", "--num_workers=2", "--num_policies=2", "--with_progress_bar=False",
+                          "--train_for_env_steps=5000000"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=msf_env(), start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(_children(p.pid)) < 4:  # 2 inference + 2 rollout workers
+            time.sleep(0.02)
+        assert not (exp / "log.txt").exists() or "frames" not in (exp / "log.txt").read_text()  # not training yet
+        os.killpg(p.pid, signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode in (0, 130), err[-2000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    assert not list(exp.glob("checkpoint_p*/checkpoint_*.pth"))  # nothing was trained: nothing saved
+
+
+def _children(pid: int) -> list[int]:
+    import subprocess
+
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return [int(x) for x in out.split()]

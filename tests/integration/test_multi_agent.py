@@ -132,3 +132,33 @@ def test_pettingzoo_wrapper_refuses_what_msf_cannot_train():
     pz.step = one_leaves
     with pytest.raises(ValueError, match=r"agent\(s\) \['player_1'\] left the episode before the others"):
         env.step([1, 1])
+
+
+def test_an_agent_reported_done_twice_while_others_play_is_a_clear_error():
+    """The interface: after its end an agent starts anew at once, or all end together. An env that keeps
+    reporting a finished agent as terminated would otherwise count a one-step episode per step."""
+    import gymnasium as gym
+
+    from msf.envs.registry import register_env
+    from msf.envs.vector import GymSplit
+
+    class StuckAgent(gym.Env):
+        num_agents = 2
+        observation_space = gym.spaces.Box(0.0, 1.0, (1,), dtype=np.float32)
+        action_space = gym.spaces.Discrete(2)
+
+        def reset(self, *, seed=None, options=None):
+            self.t = 0
+            return [np.zeros(1, np.float32)] * 2, {}
+
+        def step(self, actions):
+            self.t += 1
+            return [np.zeros(1, np.float32)] * 2, [0.0, 0.0], [self.t >= 3, self.t >= 10], [False, False], {}
+
+    register_env("msf_stuck_agent", lambda name, env_config: StuckAgent())
+    split = GymSplit(Config(env="msf_stuck_agent"), 0, [0], seed=0)
+    split.reset()
+    for _ in range(3):
+        split.step(np.zeros(2, dtype=np.int64))  # agent 0 ends at step 3: fine
+    with pytest.raises(ValueError, match="msf_stuck_agent: agent 0 reported its episode's end on two steps in a row"):
+        split.step(np.zeros(2, dtype=np.int64))

@@ -40,6 +40,8 @@ class GymSplit:
         self.action_space = self.envs[0].action_space
         self.tuple_actions = isinstance(self.action_space, gym.spaces.Tuple)
         self.A = num_agents_of(self.envs[0])
+        self.name = cfg.env
+        self.ended = np.zeros(len(self.envs) * self.A, dtype=bool)  # rows whose episode ended at the last step
 
     def _action(self, a: np.ndarray) -> Any:
         return tuple(a.tolist()) if self.tuple_actions else a
@@ -73,8 +75,18 @@ class GymSplit:
             lo = i * A
             obs, r, te, tr, _ = env.step([self._action(a) for a in actions[lo:lo + A]])
             rew[lo:lo + A], term[lo:lo + A], trunc[lo:lo + A] = r, te, tr
-            if np.all(term[lo:lo + A] | trunc[lo:lo + A]):
+            ended = term[lo:lo + A] | trunc[lo:lo + A]
+            if np.all(ended):
                 obs, _ = env.reset()
+                ended = np.zeros(A, dtype=bool)
+            elif np.any(ended & self.ended[lo:lo + A]):
+                agent = int(np.nonzero(ended & self.ended[lo:lo + A])[0][0])
+                raise ValueError(
+                    f"{self.name}: agent {agent} reported its episode's end on two steps in a row while other agents "
+                    "played on. After its end an agent must start a new episode at once (its next observation "
+                    "is the new episode's first, as Unity's agents do), or the episode must end for all agents "
+                    "in the same step")
+            self.ended[lo:lo + A] = ended
             obs_out[lo:lo + A] = list(obs)
         return obs_out, rew, term, trunc
 

@@ -25,6 +25,17 @@ from msf.model.actor_critic import ActorCritic
 Batch = dict[str, torch.Tensor]
 
 
+def _no_forward_buffer_sync() -> dict[str, bool]:
+    """DDP's argument that stops it copying rank 0's buffers at every forward: ``forward_sync_buffers=False``
+    where torch has it (2.13 deprecates ``broadcast_buffers``), else ``broadcast_buffers=False``. Buffers are
+    still broadcast once at construction either way."""
+    import inspect
+
+    if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters:
+        return {"forward_sync_buffers": False}
+    return {"broadcast_buffers": False}
+
+
 class Learner:
     """Model, optimiser and schedule of one policy on one device.
 
@@ -46,7 +57,7 @@ class Learner:
         # With several replicas: DDP averages gradients. Its constructor broadcasts rank 0's parameters
         # and buffers once. broadcast_buffers=False: the normalisers are updated from all-reduced
         # moments instead, and a per-forward copy of rank 0's buffers would hide drift.
-        self.ddp = DDP(self.model, broadcast_buffers=False, process_group=process_group,
+        self.ddp = DDP(self.model, process_group=process_group, **_no_forward_buffer_sync(),
                        device_ids=[self.device.index] if self.device.type == "cuda" else None) \
             if is_distributed() else None
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps,

@@ -38,7 +38,7 @@ from msf.learning.published_weights import PublishedWeights
 from msf.persistence.checkpoint import load_latest_checkpoint
 from msf.persistence.summaries import TensorBoardSummaries, setup_logging, write_json_atomic
 from msf.runner.experiment import experiment_dir
-from msf.runner.supervision import CTX, spawn, stop_children
+from msf.runner.supervision import CTX, spawn, stop_children, use_quiet_executable
 from msf.runner.training_loop import Channels, Counters, PolicyCounters, TrainingLoop
 from msf.sampling.inference_worker import inference_worker_main
 from msf.sampling.rollout_worker import rollout_worker_main
@@ -105,6 +105,7 @@ def run_device_group(cfg: Config, spaces: EnvSpaces, rank: RankInfo) -> dict | N
     ``"failed"``, the last checkpoint is left as it was, and then :class:`RunFailed` is raised on
     every rank (so that every node's launcher sees the failure and may restart).
     """
+    use_quiet_executable()  # before any queue: the first one starts multiprocessing's resource tracker
     group_cfg = rank_config(cfg, rank)
     derived = Derived.of(group_cfg, spaces.num_agents)
     exp_dir = experiment_dir(cfg)
@@ -143,6 +144,8 @@ def run_device_group(cfg: Config, spaces: EnvSpaces, rank: RankInfo) -> dict | N
         if p == 0:
             counters.env_steps, counters.episodes = state["env_steps"], state["episodes"]
             counters.dropped_trajectories = state["dropped_trajectories"]
+            counters.pbt_round = int(state.get("pbt_round", 0))
+            counters.pbt_replacements = list(state.get("pbt_replacements", []))
             # the curves resume after the checkpoint's point, which the run that stopped there wrote last
             # (a run that died later wrote more: those events are dropped from the curves)
             purge_step = counters.env_steps * derived.frameskip + 1
@@ -175,7 +178,8 @@ def run_device_group(cfg: Config, spaces: EnvSpaces, rank: RankInfo) -> dict | N
     error: Exception | None = None
     try:
         status = loop.run()
-        loop.save(wait=True)
+        if loop.iteration > 0:  # a stop before the first training step leaves the checkpoints as they were
+            loop.save(wait=True)
     except Exception as e:  # noqa: BLE001 - any failure ends the run with status "failed"
         log.error("run failed: %s", e)
         status, error = "failed", e

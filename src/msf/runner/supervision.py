@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 import traceback
 from typing import Any, Callable
 
@@ -42,8 +43,53 @@ def spawn(target: Callable[..., None], name: str, failures: Any, *args: Any) -> 
     """Start ``target(*args)`` in a new process named ``name`` and return it (already started)."""
     p = CTX.Process(target=_child_main, args=(target, name, failures, log.getEffectiveLevel(), args),
                     name=name, daemon=True)
-    p.start()
+    use_quiet_executable()
+    # A Ctrl-C whose handler raised KeyboardInterrupt in the middle of start() left the child without its
+    # start-up data (an EOFError traceback there): while the child starts, the signal is only noted, and
+    # handed to the usual handler once the child has its data.
+    main = threading.current_thread() is threading.main_thread()
+    noted: list[int] = []
+    old = signal.signal(signal.SIGINT, lambda signum, frame: noted.append(signum)) if main else None
+    try:
+        p.start()
+    finally:
+        if main and old is not None:
+            signal.signal(signal.SIGINT, old)
+            if noted:
+                signal.raise_signal(signal.SIGINT)
     return p
+
+
+_QUIET: list[str] = []
+
+
+def use_quiet_executable() -> None:
+    """Start spawned children through a two-line ``sh`` script that ignores SIGINT and then runs this Python.
+
+    An ignored signal stays ignored across ``exec``, and Python then leaves it so: a child ignores a Ctrl-C
+    (which a terminal sends to the whole process group) from its first instruction, not only once
+    :func:`_child_main` runs. Its imports take seconds on a busy machine; a Ctrl-C then printed a
+    ``KeyboardInterrupt`` traceback per child. The main process keeps its own handler all along, so it never
+    misses the Ctrl-C. Without ``/bin/sh`` nothing changes.
+    """
+    if _QUIET or not os.path.exists("/bin/sh"):
+        return
+    import hashlib
+    import shlex
+    import sys
+    import tempfile
+
+    text = f"#!/bin/sh\ntrap '' INT\nexec {shlex.quote(sys.executable)} \"$@\"\n"
+    digest = hashlib.sha1(text.encode()).hexdigest()[:12]
+    path = os.path.join(tempfile.gettempdir(), f"msf-python-{os.getuid()}-{digest}.sh")
+    if not os.path.exists(path):
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, path)
+    CTX.set_executable(path)
+    _QUIET.append(path)
 
 
 def parent_alive(parent_pid: int) -> bool:

@@ -81,6 +81,8 @@ class Counters:
     episodes: int = 0
     dropped_trajectories: int = 0
     policies: list[PolicyCounters] = field(default_factory=lambda: [PolicyCounters()])
+    pbt_round: int = 0
+    pbt_replacements: list = field(default_factory=list)  # every PBT replacement of the run, resumes included
 
 
 @dataclass
@@ -135,8 +137,7 @@ class TrainingLoop:
         self.learner_wait = 0.0  # seconds the loop spent without a batch to train on
         self.wait_mark = (self.start_time, *self._wait_totals())
         self._empty: dict[str, torch.Tensor] | None = None
-        self.pbt_round = 0
-        self.pbt_replacements: list[dict] = []
+        self.pbt_replacements = counters.pbt_replacements
         self.next_pbt = (self.frames // cfg.pbt_period_env_steps + 1) * cfg.pbt_period_env_steps
 
     @property
@@ -284,12 +285,12 @@ class TrainingLoop:
         if self.frames < cfg.pbt_start_mutation:
             return
         self._gather_stats()
-        self.pbt_round += 1
+        self.c.pbt_round += 1
         names = list(self.policies[0].learner.hyperparameters())
         table = torch.full((P, 1 + len(names)), -1.0, dtype=torch.float64)  # donor (-1: kept), hyperparameters
         if self.rank.is_main:
             objectives = [ps["return_mean"] for ps in self.global_stats["policies"]]
-            rng = np.random.default_rng([cfg.seed or 0, self.pbt_round, 17])
+            rng = np.random.default_rng([cfg.seed or 0, self.c.pbt_round, 17])
             for r in pbt_decision(objectives, [pol.learner.hyperparameters() for pol in self.policies], rng,
                                   cfg.pbt_replace_fraction, cfg.pbt_replace_reward_gap,
                                   cfg.pbt_replace_reward_gap_absolute, cfg.pbt_mutation_rate,
@@ -307,13 +308,16 @@ class TrainingLoop:
             hyper = dict(zip(names, table[recipient, 1:].tolist()))
             pol.learner.set_hyperparameters(hyper)
             pol.weights.publish(pol.learner.model, pol.learner.policy_version)
-            checksum, donor_sum = (int(tensor_checksums(list(x.learner.model.state_dict().values())).sum()) for x in (pol, src))
-            record = {"frames": self.frames, "round": self.pbt_round, "recipient": recipient, "donor": donor,
-                      "objectives": [objectives[recipient], objectives[donor]], "hyperparameters": hyper}
+            checksum, donor_sum = (int(tensor_checksums(list(x.learner.model.state_dict().values())).sum())
+                                   for x in (pol, src))
+            record = {"frames": self.frames, "round": self.c.pbt_round, "recipient": recipient, "donor": donor,
+                      "recipient_objective": objectives[recipient], "donor_objective": objectives[donor],
+                      "hyperparameters": hyper}
             self.pbt_replacements.append(record)
-            log.info("PBT round %d at frame %d: policy %d (objective %.3f) takes policy %d's weights (objective %.3f), "
-                     "weights checksum %d (the donor's %d); hyperparameters %s", self.pbt_round, self.frames, recipient,
-                     objectives[recipient], donor, objectives[donor], checksum, donor_sum, " ".join(f"{k}={v:.6g}" for k, v in hyper.items()))
+            log.info("PBT round %d at frame %d: policy %d (objective %.3f) takes policy %d's weights (objective "
+                     "%.3f), weights checksum %d (the donor's %d); hyperparameters %s", self.c.pbt_round, self.frames,
+                     recipient, objectives[recipient], donor, objectives[donor], checksum, donor_sum,
+                     " ".join(f"{k}={v:.6g}" for k, v in hyper.items()))
 
     def _check_replicas(self) -> None:
         for pol in self.policies:  # the same order on every replica
@@ -444,7 +448,8 @@ class TrainingLoop:
                 "policy": p, "policy_version": pol.learner.policy_version, "config": self.cfg.to_dict(),
                 "world_size": self.rank.world_size, "msf_version": msf.__version__,
                 "episode_returns": list(pol.stats.returns), "episode_lengths": list(pol.stats.lengths),
-                "dropped_trajectories": self.c.dropped_trajectories, "best_metric": pol.stats.best_metric}
+                "dropped_trajectories": self.c.dropped_trajectories, "best_metric": pol.stats.best_metric,
+                "pbt_round": self.c.pbt_round, "pbt_replacements": list(self.c.pbt_replacements)}
 
     def save(self, wait: bool = False) -> None:
         """Rank 0 snapshots every policy's state now and writes them in the background (``wait``: and waits
