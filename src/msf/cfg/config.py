@@ -155,7 +155,7 @@ class Config:
     pbt_replace_reward_gap_absolute: float = _f(1e-6, "PBT: ... and by at least this much", POLICIES)
     pbt_perturb_min: float = _f(1.1, "PBT: a perturbed hyperparameter is multiplied or divided by a factor drawn from [pbt_perturb_min, pbt_perturb_max]", POLICIES)
     pbt_perturb_max: float = _f(1.5, "PBT: see pbt_perturb_min", POLICIES)
-    pbt_target_objective: str = _f("true_objective", "PBT: what is compared: true_objective (the env's info['true_objective'] where given, else the episode return) or reward (the episode return). msf uses the mean episode return of the last stats_avg episodes for both so far", POLICIES, ("true_objective", "reward"))
+    pbt_target_objective: str = _f("true_objective", "PBT: what is compared (Sample Factory's names). msf compares the mean episode return of the last stats_avg episodes for both values: an env's info['true_objective'] is not read yet", POLICIES, ("true_objective", "reward"))
 
     # --- stopping ---
     train_for_env_steps: int = _f(10_000_000_000, "Stop after this many env steps (env frames with summaries_use_frameskip)", STOPPING)
