@@ -66,6 +66,12 @@ def test_derived_values():
     assert d.trajectories_per_batch == 8 and d.trajectories_per_iteration == 16
     # spares across workers hold at least two iterations' worth of finished trajectories
     assert cfg.num_workers * (d.slots_per_worker - cfg.num_envs_per_worker) >= 2 * d.trajectories_per_iteration
+    # Sample Factory's Atari line: 2 workers x 4 envs, 8 trajectories of 128 per iteration: spares for 2 iterations
+    # (8 per worker), or with --num_batches_to_accumulate=1 for 1 (4 per worker: one per env, the minimum)
+    atari = dict(num_workers=2, num_envs_per_worker=4, rollout=128, batch_size=256, num_batches_per_epoch=4)
+    assert Derived.of(Config(**atari)).slots_per_worker == 4 + 8
+    assert Derived.of(Config(**atari, num_batches_to_accumulate=1)).slots_per_worker == 4 + 4
+    assert Derived.of(Config(**atari), num_agents=2).slots_per_worker == 8 + 8  # one slot per agent row at least
     assert Derived.of(Config(env_frameskip=4)).frameskip == 4
     assert Derived.of(Config(env_frameskip=4, summaries_use_frameskip=False)).frameskip == 1
 

@@ -62,6 +62,7 @@ class Config:
     policy_workers_per_policy: int = _f(1, "Inference worker processes per policy; rollout workers are assigned to them round-robin", SAMPLING)
     rollout: int = _f(32, "Length of the trajectories written to the trajectory buffer, in env steps", SAMPLING)
     recurrence: int = _f(-1, "Length of the sequences the learner re-runs the recurrent core over (backpropagation through time); -1: rollout with --use_rnn, else 1. Must divide rollout", SAMPLING)
+    num_batches_to_accumulate: int = _f(2, "How many training iterations of finished trajectories the rollout workers may hold beyond the one the learner is taking (their spare buffer slots). When sampling outruns the learner, the policy lag grows with it: 1 keeps the experience fresher, 2 keeps the learner fed", SAMPLING)
     max_policy_lag: int = _f(1000, "Trajectories whose oldest action is more than this many policy versions old are dropped (and counted)", SAMPLING)
     env_frameskip: int = _f(1, "Frames covered by one env step, for counting env frames (gymnasium envs: 1; atari_* and doom_*: 4 unless given)", SAMPLING)
     env_backend: str = _f("gymnasium", "How rollout workers step their envs: gymnasium (one env object each, a Python loop) or envpool (one EnvPool per split of a worker, one C++ call; atari_* and mujoco_*, extra [envpool])", SAMPLING, ("gymnasium", "envpool"))
@@ -197,7 +198,8 @@ class Derived:
         trajectories_per_batch: trajectories of ``rollout`` steps in one minibatch.
         trajectories_per_iteration: trajectories one training iteration consumes.
         slots_per_worker: trajectory-buffer slots owned by each rollout worker: one being
-            written per agent of each env, plus spares so that the learner can gather two iterations.
+            written per agent of each env, plus spares so that the workers can hold
+            ``num_batches_to_accumulate`` iterations of finished trajectories (at least one per agent).
         frameskip: frames per env step used for counting (1 without summaries_use_frameskip).
         num_agents: agents per env (1, or a multi-agent env's ``num_agents``).
         rnn_state_size: floats of recurrent state per agent (0 without ``use_rnn``; GRU ``L x H``,
@@ -226,7 +228,7 @@ class Derived:
         per_batch = cfg.batch_size // cfg.rollout
         per_iter = per_batch * cfg.num_batches_per_epoch
         agents_per_worker = cfg.num_envs_per_worker * num_agents
-        spare = max(agents_per_worker, -(-2 * per_iter // cfg.num_workers))
+        spare = max(agents_per_worker, -(-cfg.num_batches_to_accumulate * per_iter // cfg.num_workers))
         return cls(
             recurrence=recurrence,
             envs_per_split=cfg.num_envs_per_worker // cfg.worker_num_splits,
