@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import threading
 import traceback
 from typing import Any, Callable
 
@@ -44,19 +43,7 @@ def spawn(target: Callable[..., None], name: str, failures: Any, *args: Any) -> 
     p = CTX.Process(target=_child_main, args=(target, name, failures, log.getEffectiveLevel(), args),
                     name=name, daemon=True)
     use_quiet_executable()
-    # A Ctrl-C whose handler raised KeyboardInterrupt in the middle of start() left the child without its
-    # start-up data (an EOFError traceback there): while the child starts, the signal is only noted, and
-    # handed to the usual handler once the child has its data.
-    main = threading.current_thread() is threading.main_thread()
-    noted: list[int] = []
-    old = signal.signal(signal.SIGINT, lambda signum, frame: noted.append(signum)) if main else None
-    try:
-        p.start()
-    finally:
-        if main and old is not None:
-            signal.signal(signal.SIGINT, old)
-            if noted:
-                signal.raise_signal(signal.SIGINT)
+    p.start()
     return p
 
 
