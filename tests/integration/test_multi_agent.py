@@ -98,7 +98,9 @@ def test_pettingzoo_parallel_env_trains_and_plays(train_dir):
                  *FLAGS], timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]
     s = read_summary(train_dir, "pz")
-    assert s["status"] == "done" and s["episodes"] >= 2 * (20_000 // 80) - 40  # every agent's episodes counted
+    # 20,000 agent steps of 40-step episodes: about 500 agent-episodes, less those still running and the last
+    # stats not yet drained; one agent's alone would be about 250
+    assert s["status"] == "done" and s["episodes"] >= 300, s
     r = subprocess.run([sys.executable, "-m", "msf.enjoy", f"--env={env}", "--experiment=pz",
                         f"--train_dir={train_dir}", "--max_num_episodes=3", "--no_render=True"],
                        capture_output=True, text=True, timeout=120, env=msf_env())
