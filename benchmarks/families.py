@@ -15,8 +15,9 @@ Two modes:
 
 The arguments are Sample Factory's own defaults for these families (``atari_override_defaults``, and for
 Doom its global defaults with the Doom overrides), spelled as msf flags; Sample Factory gets the same
-command line. Its "symmetric_kl" exploration loss for Doom has no msf equivalent: msf uses the entropy
-bonus with the same coefficient.
+command line. Where Sample Factory's family defaults differ from msf's defaults they are passed explicitly
+(Doom's ``--exploration_loss=symmetric_kl``); both normalise images per pixel (``--normalize_input``, on
+by default in both).
 
 Usage: python benchmarks/families.py [--mode throughput|curves] [--seconds 120] [--frames 2000000]
        [--sf2_python /tmp/anchors-venv/bin/python] [--only atari_pong]
@@ -43,6 +44,7 @@ WORKLOADS = {
                    "--lr_schedule=linear_decay", "--adam_eps=1e-5", "--seed=0"],
     "doom_basic": ["--env=doom_basic", "--num_workers=2", "--num_envs_per_worker=8", "--use_rnn=True", "--rnn_size=512",
                    "--batch_size=1024", "--rollout=32", "--ppo_clip_value=0.2", "--exploration_loss_coeff=0.001",
+                   "--exploration_loss=symmetric_kl",
                    "--seed=0"],
 }
 SF2_ENTRY = {"atari_pong": [os.path.join(PEERS, "sf_atari_ale.py")], "doom_basic": ["-m", "sf_examples.vizdoom.train_vizdoom"]}
@@ -163,10 +165,17 @@ def throughput_tables(names: list[str], a: argparse.Namespace) -> None:
             raw = 4 * raw_env_fps(env, 2, 15.0, flags + extra)
             rows.append((f"raw env loop, random actions, 2 processes ({tag})", raw))
             print(rows[-1], flush=True)
+            raw = 4 * raw_env_fps(env, 2, 15.0, flags + extra, pin=True)
+            rows.append((f"raw env loop, random actions, 2 processes pinned to a core each ({tag})", raw))
+            print(rows[-1], flush=True)
             rows.append((f"msf sampler, policy, no learning ({tag})", 4 * sampler_fps(flags + extra, 30.0, 15.0)))
             print(rows[-1], flush=True)
             rows.append((f"msf training ({tag})", steady_fps(run_msf(name, a.seconds, None, extra)[0], a.warmup) or 0.0))
             print(rows[-1], flush=True)
+            if not extra:
+                rows.append(("msf training, --set_workers_cpu_affinity=False", steady_fps(
+                    run_msf(name, a.seconds, None, ["--set_workers_cpu_affinity=False"])[0], a.warmup) or 0.0))
+                print(rows[-1], flush=True)
         if a.sf2_python:
             rows.append(("Sample Factory 2.1.1 training, same arguments",
                          steady_fps(run_sf2(a.sf2_python, name, a.seconds, None)[0], a.warmup) or 0.0))

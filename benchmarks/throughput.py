@@ -34,9 +34,14 @@ SF_CARTPOLE = ["--env=CartPole-v1", "--num_workers=2", "--num_envs_per_worker=20
                "--recurrence=1", "--with_vtrace=False", "--batch_size=512", "--reward_scale=0.1", "--device=cpu"]
 
 
-def _raw_env_proc(env_name: str, seconds: float, out: "mp.Queue", flags: list[str] | None = None) -> None:
+def _raw_env_proc(env_name: str, seconds: float, out: "mp.Queue", flags: list[str] | None = None,
+                  core: int | None = None) -> None:
     """Step one env (gymnasium backend, msf's wrappers) or, with ``--env_backend=envpool`` in ``flags``,
-    one EnvPool of ``--num_envs_per_worker`` envs, with random actions; put steps/s on ``out``."""
+    one EnvPool of ``--num_envs_per_worker`` envs, with random actions; put steps/s on ``out``. ``core``:
+    pin this process to that CPU core first, as ``--set_workers_cpu_affinity`` pins a rollout worker."""
+    from msf.sampling.affinity import pin_this_process
+
+    pin_this_process(None if core is None else [core])
     from msf.cfg.arguments import parse_args
     from msf.envs.registry import env_config_of, make_env
 
@@ -71,11 +76,16 @@ def _raw_env_proc(env_name: str, seconds: float, out: "mp.Queue", flags: list[st
     out.put(n / (time.perf_counter() - t0))
 
 
-def raw_env_fps(env_name: str, procs: int, seconds: float, flags: list[str] | None = None) -> float:
-    """(a): summed env steps/s of ``procs`` processes stepping with random actions (see :func:`_raw_env_proc`)."""
+def raw_env_fps(env_name: str, procs: int, seconds: float, flags: list[str] | None = None, pin: bool = False) -> float:
+    """(a): summed env steps/s of ``procs`` processes stepping with random actions (see :func:`_raw_env_proc`);
+    ``pin``: process i runs on core i mod cores only."""
+    from msf.sampling.affinity import usable_cores
+
+    cores = usable_cores()
     q: mp.Queue = mp.get_context("spawn").Queue()
-    ps = [mp.get_context("spawn").Process(target=_raw_env_proc, args=(env_name, seconds, q, flags))
-          for _ in range(procs)]
+    ps = [mp.get_context("spawn").Process(target=_raw_env_proc,
+                                          args=(env_name, seconds, q, flags, cores[i % len(cores)] if pin else None))
+          for i in range(procs)]
     for p in ps:
         p.start()
     rates = [q.get(timeout=seconds + 120) for _ in ps]

@@ -38,12 +38,19 @@ def check_model(cfg, spaces) -> None:
     """
     from msf.model.actor_critic import ActorCritic
 
+    if cfg.exploration_loss == "symmetric_kl" and not (spaces.discrete or spaces.action_nvec is not None):
+        raise ConfigError("--exploration_loss=symmetric_kl needs discrete actions (Discrete, MultiDiscrete or a Tuple "
+                          f"of Discrete); {cfg.env} has continuous actions: use --exploration_loss=entropy")
     try:
-        ActorCritic(cfg, spaces)
+        model = ActorCritic(cfg, spaces)
     except ValueError as e:
         flag = "encoder_custom" if cfg.encoder_custom else \
             "encoder_conv_architecture" if len(spaces.obs_shape) == 3 else "env"
         raise ConfigError(f"--{flag}: {e}") from None
+    if cfg.exploration_loss == "symmetric_kl" and model.mask_slice is not None:
+        raise ConfigError(f"--exploration_loss=symmetric_kl: {cfg.env} masks actions (an action_mask observation), "
+                          "and the divergence from the uniform distribution is unbounded for a masked action: use "
+                          "--exploration_loss=entropy")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 
@@ -50,6 +51,11 @@ def test_family_trains_end_to_end(train_dir, env, shape, dtype, discrete, frames
     assert 6000 <= s["env_frames"] < 6000 + 128 * frameskip  # the budget counts frames
     cfg = json.loads((train_dir / "fam" / "config.json").read_text())
     assert cfg["env_frameskip"] == frameskip
+    # --set_workers_cpu_affinity (default True): 2 workers spread evenly over 1 or more cores, so worker i runs
+    # on core i mod cores only, as the OS reports it from inside the worker
+    cores = sorted(os.sched_getaffinity(0))
+    for w in range(2):  # the workers log to the console (stderr)
+        assert f"rollout worker {w} uses CPU cores [{cores[w % len(cores)]}]" in r.stderr, r.stderr[-3000:]
     # msf-enjoy plays the trained policy in the evaluation version of the env
     r = subprocess.run([sys.executable, "-m", "msf.enjoy", f"--env={env}", "--experiment=fam", f"--train_dir={train_dir}",
                         "--max_num_episodes=1", "--max_num_frames=400"], capture_output=True, text=True, timeout=120)

@@ -116,3 +116,19 @@ def test_restart_and_new_experiments_ignore_saved_configs(tmp_path):
     assert resume_config(cfg, given) == (cfg, [])
     cfg, given = parse_args([f"--train_dir={tmp_path}", "--experiment=other"])
     assert resume_config(cfg, given) == (cfg, [])
+
+
+def test_symmetric_kl_is_refused_where_it_is_undefined():
+    import numpy as np
+
+    from msf.envs.registry import EnvSpaces
+    from msf.train import check_model
+
+    cfg = Config(exploration_loss="symmetric_kl", encoder_mlp_layers=[8], env="mujoco_hopper")
+    box = EnvSpaces((3,), np.float32, False, 2, action_low=np.full(2, -1.0), action_high=np.full(2, 1.0))
+    with pytest.raises(ConfigError, match="--exploration_loss=symmetric_kl needs discrete actions"):
+        check_model(cfg, box)
+    masked = EnvSpaces((5,), np.float32, True, 2, obs_layout=(("x", (3,), 3), ("action_mask", (2,), 2)))
+    with pytest.raises(ConfigError, match="masks actions"):
+        check_model(cfg, masked)
+    check_model(cfg, EnvSpaces((3,), np.float32, False, 5, action_nvec=(3, 2)))  # MultiDiscrete: fine

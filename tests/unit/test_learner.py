@@ -127,3 +127,45 @@ def test_first_step_losses_off_policy():
     assert stats["policy_loss"] == pytest.approx(expected, abs=1e-5)
     assert stats["value_loss"] == pytest.approx(expected_v, abs=1e-4)
     assert stats["kl"] == pytest.approx(kl, abs=1e-6)
+
+
+def test_the_learner_updates_the_image_normaliser_from_valid_samples():
+    torch.manual_seed(0)
+    spaces = EnvSpaces(obs_shape=(2, 36, 36), obs_dtype=np.uint8, discrete=True, num_actions=3)
+    cfg = Config(encoder_conv_architecture="resnet_impala", encoder_conv_mlp_layers=[16], batch_size=8, rollout=4,
+                 num_workers=1, num_envs_per_worker=2)
+    learner = Learner(cfg, Derived.of(cfg), spaces, "cpu")
+    B, T = learner.derived.trajectories_per_iteration, cfg.rollout
+    g = torch.Generator().manual_seed(0)
+    obs = torch.randint(0, 256, (B, T + 1, 2, 36, 36), dtype=torch.uint8, generator=g)
+    valids = torch.ones(B, T)
+    valids[0] = 0  # a masked trajectory does not count
+    batch = {"obs": obs, "actions": torch.randint(0, 3, (B, T), generator=g), "log_probs": torch.full((B, T), -math.log(3)),
+             "values": torch.zeros(B, T), "rewards": torch.randn(B, T, generator=g), "dones": torch.zeros(B, T, dtype=torch.uint8),
+             "time_outs": torch.zeros(B, T, dtype=torch.uint8), "valids": valids}
+    learner.train(batch)
+    norm = learner.model.actor_encoder.normalizer
+    seen = obs[1:, :T].reshape(-1, 2, 36, 36).double()  # the acted-on observations of valid samples only
+    assert norm.count.item() == (B - 1) * T
+    torch.testing.assert_close(norm.mean, seen.mean(0))
+    torch.testing.assert_close(norm.var, seen.var(0, unbiased=False))
+
+
+
+def test_symmetric_kl_exploration_loss_enters_the_loss():
+    """loss = policy loss + value_loss_coeff x value loss + exploration_loss_coeff x mean symmetric KL to the
+    uniform policy (Sample Factory's symmetric_kl), with the divergence computed here by torch.distributions."""
+    from torch.distributions import Categorical, kl_divergence
+
+    learner = _learner(exploration_loss="symmetric_kl", exploration_loss_coeff=0.3)
+    with torch.no_grad():
+        learner.model.action_head.bias.copy_(torch.tensor([1.5, -1.0]))  # a skewed policy
+    b = learner._prepare(_batch(learner))
+    loss, stats = learner._minibatch_loss(b)
+    B, T = b["rewards"].shape
+    logits = learner.model(b["obs"][:, :T].reshape(B * T, 3))[0].detach().double()
+    p, u = Categorical(logits=logits), Categorical(probs=torch.full_like(logits, 0.5))
+    sym = (0.5 * (kl_divergence(p, u) + kl_divergence(u, p))).mean().item()
+    rest = stats["policy_loss"].item() + learner.cfg.value_loss_coeff * stats["value_loss"].item()
+    assert loss.item() - rest == pytest.approx(0.3 * sym, rel=1e-4)
+    assert sym > 0.05

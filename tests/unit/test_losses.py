@@ -66,3 +66,23 @@ def test_approx_kl_estimates_exact_kl():
 def test_approx_kl_zero_for_equal_log_probs():
     lp = torch.tensor([-0.3, -1.7, -2.2])
     assert approx_kl(lp, lp.clone()).item() == 0.0
+
+
+def test_symmetric_kl_to_uniform_by_hand():
+    from torch.distributions import Categorical, kl_divergence
+
+    from msf.learning.losses import symmetric_kl_to_uniform
+
+    logits = torch.tensor([[2.0, 0.0, -1.0], [0.3, 0.3, 0.3], [-20.0, 5.0, 0.0]], dtype=torch.float64)
+    u = Categorical(probs=torch.full((3, 3), 1 / 3, dtype=torch.float64))
+    p = Categorical(logits=logits)
+    ref = 0.5 * (kl_divergence(p, u) + kl_divergence(u, p))
+    torch.testing.assert_close(symmetric_kl_to_uniform(logits), ref)
+    assert symmetric_kl_to_uniform(logits)[1].item() == pytest.approx(0.0, abs=1e-12)  # uniform: no divergence
+    # a nearly impossible action (-20) weighs far more than in the entropy, bounded by log 3
+    assert symmetric_kl_to_uniform(logits)[2].item() > 3.0 > math.log(3)
+    # MultiDiscrete [3, 2]: the sum of the two independent parts
+    two = torch.tensor([[1.0, -1.0]], dtype=torch.float64)
+    both = symmetric_kl_to_uniform(torch.cat([logits[:1], two], 1), nvec=(3, 2))
+    u2, p2 = Categorical(probs=torch.tensor([[0.5, 0.5]], dtype=torch.float64)), Categorical(logits=two)
+    torch.testing.assert_close(both, ref[:1] + 0.5 * (kl_divergence(p2, u2) + kl_divergence(u2, p2)))

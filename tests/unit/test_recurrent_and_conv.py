@@ -75,8 +75,40 @@ def test_small_images_need_resnet_impala():
     assert ConvEncoder((7, 7, 3), "resnet_impala", [64], "elu")(torch.zeros(1, 7, 7, 3, dtype=torch.uint8)).shape == (1, 64)
 
 
-def test_image_model_scales_pixels_and_skips_the_running_normaliser():
-    model = ActorCritic(Config(encoder_conv_mlp_layers=[32]), EnvSpaces((4, 84, 84), np.uint8, True, 6))
-    assert model.obs_normalizer is None and model.image
+def test_image_model_without_normalize_input_only_scales_pixels():
+    model = ActorCritic(Config(encoder_conv_mlp_layers=[32], normalize_input=False), EnvSpaces((4, 84, 84), np.uint8, True, 6))
+    assert model.obs_normalizer is None and model.image and model.actor_encoder.normalizer is None
     x = torch.full((1, 4, 84, 84), 255, dtype=torch.uint8)
     torch.testing.assert_close(model(x)[0], model(torch.ones(1, 4, 84, 84) * 255.0)[0])
+    model.update_obs_statistics(x)  # nothing to update
+    assert "actor_encoder.normalizer.mean" not in model.state_dict()
+
+
+def test_image_normalisation_is_sample_factorys_per_pixel_formula():
+    """With normalize_input, each pixel of each stacked frame is normalised by its own statistics after scaling
+    to [0, 1]: ((x / 255 - mean) / sqrt(var + 1e-5)).clamp(-5, 5), mean and variance over the samples seen
+    (Sample Factory's RunningMeanStdInPlace, per element). The reference is computed here in float64."""
+    torch.manual_seed(0)
+    spaces = EnvSpaces((4, 84, 84), np.uint8, True, 6)
+    model = ActorCritic(Config(encoder_conv_mlp_layers=[32]), spaces)
+    plain = ActorCritic(Config(encoder_conv_mlp_layers=[32], normalize_input=False), spaces)
+    plain.load_state_dict(model.state_dict(), strict=False)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(0, 256, (64, 4, 84, 84), dtype=torch.uint8, generator=g)
+    x[:, :, :40] = 87  # a constant background
+    x[:1, :, 50:52, 50:52] = 236  # a ball seen once in 64: sqrt(63) standard deviations away
+    x[1:, :, 50:52, 50:52] = 87
+    # before any statistics the model sees pixels scaled to [0, 1], as without normalisation
+    torch.testing.assert_close(model(x[:4])[0], plain(x[:4])[0])
+    model.update_obs_statistics(x[:40])
+    model.update_obs_statistics(x[40:])  # merged batch by batch: the same as all at once
+    xs = x.double() / 255.0
+    ref = ((xs - xs.mean(0)) / torch.sqrt(xs.var(0, unbiased=False) + 1e-5)).clamp(-5.0, 5.0)
+    got = model.actor_encoder.normalizer.normalize(x.float())
+    torch.testing.assert_close(got.double(), ref, atol=1e-5, rtol=0)
+    assert got[:, :, :40].abs().max() == 0.0  # the background is gone
+    assert got[0, 0, 50, 50] == 5.0 and float(got[1, 0, 50, 50]) == pytest.approx(-1 / 63**0.5, rel=1e-3)
+    # the normalised images are what the conv layers see, and the statistics travel with the weights
+    feats = model.actor_encoder.mlp(model.actor_encoder.conv(got).flatten(1))
+    torch.testing.assert_close(model.actor_encoder(x), feats)
+    assert {"actor_encoder.normalizer.mean_f32", "actor_encoder.normalizer.std_f32"} <= model.state_dict().keys()

@@ -64,6 +64,7 @@ class Config:
     recurrence: int = _f(-1, "Length of the sequences the learner re-runs the recurrent core over (backpropagation through time); -1: rollout with --use_rnn, else 1. Must divide rollout", SAMPLING)
     num_batches_to_accumulate: int = _f(2, "How many training iterations of finished trajectories the rollout workers may hold beyond the one the learner is taking (their spare buffer slots). When sampling outruns the learner, the policy lag grows with it: 1 keeps the experience fresher, 2 keeps the learner fed", SAMPLING)
     max_policy_lag: int = _f(1000, "Trajectories whose oldest action is more than this many policy versions old are dropped (and counted)", SAMPLING)
+    set_workers_cpu_affinity: bool = _f(True, "Pin each rollout worker to one CPU core (worker i of the node to core i mod cores) when the workers spread evenly over the cores: at most one per core, or a multiple of the cores. ViZDoom runs at about half speed unpinned", SAMPLING)
     env_frameskip: int = _f(1, "Frames covered by one env step, for counting env frames (gymnasium envs: 1; atari_* and doom_*: 4 unless given)", SAMPLING)
     env_backend: str = _f("gymnasium", "How rollout workers step their envs: gymnasium (one env object each, a Python loop) or envpool (one EnvPool per split of a worker, one C++ call; atari_* and mujoco_*, extra [envpool])", SAMPLING, ("gymnasium", "envpool"))
     atari_sticky_actions: bool = _f(False, "atari_*: sticky actions (the previous action repeats with probability 0.25, Machado et al. 2018)", SAMPLING)
@@ -78,7 +79,8 @@ class Config:
     ppo_clip_ratio: float = _f(0.1, "PPO clip: the ratio is clipped to [1/(1+eps), 1+eps] (Sample Factory's convention)", LEARNING)
     ppo_clip_value: float = _f(1.0, "Clip of the value change in the clipped value loss (in normalised units with normalize_returns)", LEARNING)
     value_loss_coeff: float = _f(0.5, "Coefficient of the value loss", LEARNING)
-    exploration_loss_coeff: float = _f(0.003, "Coefficient of the entropy bonus", LEARNING)
+    exploration_loss_coeff: float = _f(0.003, "Coefficient of the exploration loss", LEARNING)
+    exploration_loss: str = _f("entropy", "entropy: maximise the policy's entropy; symmetric_kl (discrete actions): minimise the symmetric KL divergence between the policy and the uniform distribution, 0.5 (KL(pi||U) + KL(U||pi)), clipped at 30, which pushes harder away from deterministic policies (Sample Factory's choice for VizDoom)", LEARNING, ("entropy", "symmetric_kl"))
     learning_rate: float = _f(1e-4, "Adam learning rate", LEARNING)
     lr_schedule: str = _f(
         "constant",
@@ -103,7 +105,7 @@ class Config:
     reward_scale: float = _f(1.0, "Rewards are multiplied by this before learning", LEARNING)
     reward_clip: float = _f(1000.0, "Scaled rewards are clipped to [-reward_clip, reward_clip]", LEARNING)
     value_bootstrap: bool = _f(False, "On a truncated (timed-out) episode add gamma x V(last state) to its last reward instead of treating it as terminal", LEARNING)
-    normalize_input: bool = _f(True, "Normalise observations with a running mean and variance (clipped to [-5, 5])", LEARNING)
+    normalize_input: bool = _f(True, "Normalise observations with a running mean and variance per element, clipped to [-5, 5]: vectors, and images per pixel and channel after scaling to [0, 1] (as Sample Factory does). Without it images are only scaled to [0, 1]", LEARNING)
     normalize_returns: bool = _f(True, "Train the value head on returns normalised by a running mean and variance", LEARNING)
     shuffle_minibatches: bool = _f(False, "Shuffle trajectories between minibatches of each epoch", LEARNING)
 

@@ -59,9 +59,17 @@ def global_moments(x: torch.Tensor, sample_ndim: int = 0) -> tuple[torch.Tensor,
         (count, sum, sum of squares): every rank gets the same values.
     """
     shape = x.shape[x.dim() - sample_ndim:] if sample_ndim else torch.Size()
-    flat = x.detach().reshape(-1, *shape).to(torch.float64)
+    flat = x.detach().reshape(-1, *shape)
+    # in chunks of at most ~4M elements: a batch of images in float64 would otherwise take gigabytes
+    per = max(1, (1 << 22) // max(1, shape.numel()))
+    s1 = torch.zeros(shape, dtype=torch.float64, device=flat.device)
+    s2 = torch.zeros(shape, dtype=torch.float64, device=flat.device)
+    for lo in range(0, flat.shape[0], per):
+        chunk = flat[lo:lo + per].to(torch.float64)
+        s1 += chunk.sum(0)
+        s2 += chunk.square().sum(0)
     n = torch.tensor([float(flat.shape[0])], dtype=torch.float64, device=flat.device)
-    packed = torch.cat([n, flat.sum(0).reshape(-1), flat.square().sum(0).reshape(-1)])
+    packed = torch.cat([n, s1.reshape(-1), s2.reshape(-1)])
     all_reduce_sum_(packed)
     count = packed[0]
     k = (packed.numel() - 1) // 2

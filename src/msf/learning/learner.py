@@ -18,7 +18,7 @@ from msf.cfg.config import Config, Derived
 from msf.distributed.collectives import all_reduce_sum_, global_moments, is_distributed, policy_group
 from msf.envs.registry import EnvSpaces
 from msf.learning.advantages import apply_value_bootstrap, gae, vtrace
-from msf.learning.losses import approx_kl, clipped_value_loss, ppo_policy_loss
+from msf.learning.losses import approx_kl, clipped_value_loss, ppo_policy_loss, symmetric_kl_to_uniform
 from msf.learning.lr_schedule import KlAdaptiveLR
 from msf.model.actor_critic import ActorCritic
 
@@ -172,7 +172,13 @@ class Learner:
         policy_loss = ppo_policy_loss(log_probs, old_log_probs, adv, cfg.ppo_clip_ratio, weights)
         value_loss = clipped_value_loss(values, mb["old_values"].reshape(-1), targets, cfg.ppo_clip_value, weights)
         entropy = (model.entropy(dist) * weights).sum()
-        loss = policy_loss + cfg.value_loss_coeff * value_loss - cfg.exploration_loss_coeff * entropy
+        if cfg.exploration_loss == "symmetric_kl":
+            # Sample Factory clips the minibatch's mean divergence at 30
+            sym_kl = (symmetric_kl_to_uniform(action_params, model.nvec) * weights).sum().clamp(max=30.0)
+            exploration = cfg.exploration_loss_coeff * sym_kl
+        else:
+            exploration = -cfg.exploration_loss_coeff * entropy
+        loss = policy_loss + cfg.value_loss_coeff * value_loss + exploration
         kl = approx_kl(log_probs.detach()[vb], old_log_probs[vb]) if bool(vb.any()) else torch.zeros(())
         stats = {"policy_loss": policy_loss.detach(), "value_loss": value_loss.detach(), "entropy": entropy.detach(),
                  "kl": kl, "loss": loss.detach(), "valid": vb.sum().double()}

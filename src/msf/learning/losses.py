@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -51,3 +53,29 @@ def approx_kl(log_probs: torch.Tensor, old_log_probs: torch.Tensor) -> torch.Ten
     ``mean((r - 1) - log r)`` (non-negative, unbiased; J. Schulman, "Approximating KL divergence", 2020)."""
     log_r = log_probs - old_log_probs
     return (log_r.exp() - 1.0 - log_r).mean()
+
+
+def symmetric_kl_to_uniform(logits: torch.Tensor, nvec: tuple[int, ...] | None = None) -> torch.Tensor:
+    """Symmetric KL divergence between categorical distributions and the uniform one over their ``n`` actions:
+    ``0.5 (KL(pi || U) + KL(U || pi)) = 0.5 (sum_a pi_a (log pi_a + log n) + sum_a (1/n) (-log n - log pi_a))``.
+
+    Sample Factory's ``symmetric_kl`` exploration loss: unlike the entropy (bounded by ``log n``) it grows
+    without bound as an action's probability goes to 0, so it keeps every action in play.
+
+    Args:
+        logits: ``[N, sum(nvec)]`` unnormalised log-probabilities (``[N, n]`` for one categorical).
+        nvec: sizes of independent categoricals (a ``MultiDiscrete`` action), whose divergences are summed;
+            None: one categorical.
+
+    Returns:
+        ``[N]`` divergences (nats).
+    """
+    parts = torch.split(logits, list(nvec), dim=-1) if nvec is not None else (logits,)
+    total = torch.zeros(logits.shape[:-1], dtype=logits.dtype, device=logits.device)
+    for part in parts:
+        log_p = torch.log_softmax(part, dim=-1)
+        n = part.shape[-1]
+        log_u = -math.log(n)
+        total = total + 0.5 * ((log_p.exp() * (log_p - log_u)).sum(-1) + ((log_u - log_p) / n).sum(-1))
+    return total
+

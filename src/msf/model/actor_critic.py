@@ -42,7 +42,8 @@ class ActorCritic(nn.Module):
 
     Vector observations go through an MLP (``encoder_mlp_layers``) after the running mean/std
     normaliser; image observations (3-D) through a :class:`~msf.model.encoders.ConvEncoder`, scaled to
-    ``[0, 1]`` (no running normaliser). The Gaussian head has a state-independent learned log standard
+    ``[0, 1]`` and, with ``normalize_input``, normalised per element by the encoder's own running mean/std
+    (Sample Factory's treatment of images). The Gaussian head has a state-independent learned log standard
     deviation, initialised to ``log(cfg.initial_stddev)``.
 
     Raises:
@@ -80,7 +81,7 @@ class ActorCritic(nn.Module):
                 return enc, enc.out_size
             if self.image:
                 enc = ConvEncoder(spaces.obs_shape, cfg.encoder_conv_architecture, cfg.encoder_conv_mlp_layers,
-                                  cfg.nonlinearity)
+                                  cfg.nonlinearity, cfg.normalize_input)
                 return enc, enc.out_size
             return mlp(spaces.obs_shape[0], cfg.encoder_mlp_layers, cfg.nonlinearity), cfg.encoder_mlp_layers[-1]
 
@@ -128,8 +129,8 @@ class ActorCritic(nn.Module):
         if self.obs_normalizer is not None:
             self.obs_normalizer.update(obs)
         for enc in (self.actor_encoder, self.critic_encoder):
-            if isinstance(enc, DictEncoder):
-                enc.update_normalizers(obs.float())
+            if isinstance(enc, (DictEncoder, ConvEncoder)):
+                enc.update_normalizers(obs if isinstance(enc, ConvEncoder) else obs.float())
 
     def _mask(self, params: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
         """Logits of actions the ``action_mask`` observation forbids (entries < 0.5) become -1e9."""

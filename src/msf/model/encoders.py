@@ -66,12 +66,24 @@ def conv_layers(architecture: str, in_channels: int, activation: str) -> nn.Sequ
 class ConvEncoder(nn.Module):
     """Image ``[N, *obs_shape]`` (any dtype; uint8 pixel values) to ``[N, out_size]`` features.
 
+    Pixels are scaled to ``[0, 1]``. With ``normalize`` (``--normalize_input``, as Sample Factory does for
+    images) each element of the image (pixel, channel, stacked frame) is then normalised by its own running
+    mean and variance and clipped to ``[-5, 5]``: constant background becomes 0 and the few pixels that move
+    (a ball, a paddle) stand out. The statistics are updated by the learner (:meth:`update_normalizers`).
+
     Raises:
         ValueError: the image is too small for the architecture (the message says which fits).
     """
 
-    def __init__(self, obs_shape: tuple[int, ...], architecture: str, mlp_layers: list[int], activation: str):
+    # Sample Factory's epsilon (1e-5) on the variance of pixels scaled to [0, 1]; the statistics here are
+    # kept on raw pixel values, where the same normalisation needs 1e-5 x 255^2
+    PIXEL_EPS = 1e-5 * 255.0**2
+
+    def __init__(self, obs_shape: tuple[int, ...], architecture: str, mlp_layers: list[int], activation: str,
+                 normalize: bool = False):
         super().__init__()
+        from msf.learning.normalizers import RunningMeanStd
+
         self.axis = channel_axis(obs_shape)
         chw = (obs_shape[self.axis], *[d for i, d in enumerate(obs_shape) if i != self.axis])
         self.conv = conv_layers(architecture, chw[0], activation)
@@ -83,9 +95,20 @@ class ConvEncoder(nn.Module):
                              f"{architecture}; use resnet_impala, which pools with padding") from None
         self.mlp = mlp(n, mlp_layers, activation)
         self.out_size = mlp_layers[-1] if mlp_layers else n
+        self.normalizer = RunningMeanStd(tuple(obs_shape), clip=5.0, eps=self.PIXEL_EPS) if normalize else None
+        if self.normalizer is not None:  # before the first statistics: the plain scaling to [0, 1] (count 0:
+            with torch.no_grad():  # the first update replaces this variance entirely)
+                self.normalizer.var.fill_(255.0**2 - self.PIXEL_EPS)
+                self.normalizer.std_f32.fill_(255.0)
+
+    def update_normalizers(self, obs: torch.Tensor) -> None:
+        """Merge ``[M, *obs_shape]`` images into the per-element statistics (a collective on several ranks)."""
+        if self.normalizer is not None:
+            self.normalizer.update(obs)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        x = obs.float() * (1.0 / 255.0)
+        x = obs.float()
+        x = self.normalizer.normalize(x) if self.normalizer is not None else x * (1.0 / 255.0)
         if self.axis != 0:
             x = x.movedim(self.axis + 1, 1)
         return self.mlp(self.conv(x).flatten(1))
@@ -128,7 +151,7 @@ def custom_encoder(spec: str):
 
 class DictEncoder(nn.Module):
     """A ``Dict`` observation flattened into ``[N, total]`` float32 (see ``EnvSpaces.obs_layout``), split
-    again per key: 3-D keys through a :class:`ConvEncoder`, the others through their own running mean/std
+    again per key: 3-D keys through a :class:`ConvEncoder` (normalised per element with ``normalize_input``), the others through their own running mean/std
     normaliser (with ``normalize_input``) and MLP; the features are concatenated ``[N, out_size]``. The
     ``action_mask`` key is not encoded.
 
@@ -153,7 +176,8 @@ class DictEncoder(nn.Module):
             if key == self.MASK_KEY:
                 continue
             if len(shape) == 3:
-                enc = ConvEncoder(shape, cfg.encoder_conv_architecture, cfg.encoder_conv_mlp_layers, cfg.nonlinearity)
+                enc = ConvEncoder(shape, cfg.encoder_conv_architecture, cfg.encoder_conv_mlp_layers, cfg.nonlinearity,
+                                  normalize)
                 self.out_size += enc.out_size
             else:
                 enc = mlp(size, cfg.encoder_mlp_layers, cfg.nonlinearity)
@@ -167,9 +191,13 @@ class DictEncoder(nn.Module):
         return x[:, lo:hi].reshape(x.shape[0], *shape)
 
     def update_normalizers(self, x: torch.Tensor) -> None:
-        """Update each vector key's normaliser with ``[M, total]`` observations (global moments on several ranks)."""
+        """Update each key's normaliser (vector keys here, image keys in their :class:`ConvEncoder`) with
+        ``[M, total]`` observations (global moments on several ranks)."""
         for key, norm in self.normalizers.items():
             norm.update(self.part(x, key))
+        for key, enc in self.encoders.items():
+            if isinstance(enc, ConvEncoder):
+                enc.update_normalizers(self.part(x, key))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         feats = []

@@ -31,7 +31,7 @@ import msf
 from msf.cfg.config import Config, Derived
 from msf.distributed.collectives import check_replicas_identical, learner_state_tensors, load_newest_state
 from msf.distributed.launch import rank_config
-from msf.distributed.topology import RankInfo
+from msf.distributed.topology import RankInfo, split_evenly
 from msf.envs.registry import EnvSpaces
 from msf.learning.learner import Learner
 from msf.learning.published_weights import PublishedWeights
@@ -41,6 +41,7 @@ from msf.runner.experiment import experiment_dir
 from msf.runner.supervision import CTX, spawn, stop_children, use_quiet_executable
 from msf.runner.training_loop import Channels, Counters, PolicyCounters, TrainingLoop
 from msf.sampling.inference_worker import inference_worker_main
+from msf.sampling.affinity import usable_cores, worker_cores
 from msf.sampling.rollout_worker import rollout_worker_main
 from msf.sampling.trajectory_buffer import TrajectoryBuffer
 
@@ -72,9 +73,13 @@ class _SignalHandler:
 
 
 def _start_workers(cfg: Config, derived: Derived, spaces: EnvSpaces, buffer: TrajectoryBuffer,
-                   weights: list[PublishedWeights], device: str, stop_event: Any, prefix: str = "") -> Channels:
+                   weights: list[PublishedWeights], device: str, stop_event: Any, prefix: str = "",
+                   node_workers: tuple[int, int] | None = None) -> Channels:
     """Spawn the inference workers (``policy_workers_per_policy`` per policy) and the rollout workers;
-    rollout worker ``w`` has one pipe per policy, to that policy's inference worker ``w % policy_workers_per_policy``."""
+    rollout worker ``w`` has one pipe per policy, to that policy's inference worker ``w % policy_workers_per_policy``.
+
+    ``node_workers``: (index of this group's first rollout worker among the node's, the node's rollout workers),
+    for ``--set_workers_cpu_affinity``; None: this group's workers are all of the node's."""
     failures, full_queue, stats_queue = CTX.Queue(), CTX.Queue(), CTX.Queue()
     free_queues = [CTX.Queue() for _ in range(cfg.num_workers)]
     K, P = cfg.policy_workers_per_policy, cfg.num_policies
@@ -89,8 +94,14 @@ def _start_workers(cfg: Config, derived: Derived, spaces: EnvSpaces, buffer: Tra
             name = f"{prefix}inference_worker_{i}" if P == 1 else f"{prefix}inference_worker_p{p}_{i}"
             procs.append(spawn(inference_worker_main, name, failures, cfg, derived, spaces, buffer, p, conns,
                                weights[p], device, stop_event, me, inference_stats[p * K + i]))
+    first, total = node_workers or (0, cfg.num_workers)
+    cores = usable_cores()
+    if cfg.set_workers_cpu_affinity and worker_cores(first, total, cores) is None:
+        log.info("--set_workers_cpu_affinity: %d rollout workers do not spread evenly over %d cores; none is pinned "
+                 "(use a multiple of the cores, or at most one worker per core)", total, len(cores))
     for w in range(cfg.num_workers):
-        procs.append(spawn(rollout_worker_main, f"{prefix}rollout_worker_{w}", failures, cfg, derived, w, buffer,
+        pin = worker_cores(first + w, total, cores) if cfg.set_workers_cpu_affinity else None
+        procs.append(spawn(rollout_worker_main, f"{prefix}rollout_worker_{w}", failures, pin, cfg, derived, w, buffer,
                            [pipes[w][p][1] for p in range(P)], full_queue, free_queues[w], stats_queue, stop_event,
                            me, rollout_wait[w]))
     return Channels(full_queue, free_queues, stats_queue, failures, procs, inference_stats, rollout_wait)
@@ -170,8 +181,10 @@ def run_device_group(cfg: Config, spaces: EnvSpaces, rank: RankInfo) -> dict | N
         if rank.is_main else None
     # environments are seeded differently on every rank, so that replicas see different experience
     worker_cfg = dataclasses.replace(group_cfg, seed=cfg.seed + 1_000_003 * rank.rank)
+    first_worker = sum(split_evenly(cfg.num_workers, rank.nproc_per_node, i) for i in range(rank.local_rank))
     ch = _start_workers(worker_cfg, derived, spaces, buffer, weights, device, stop_event,
-                        prefix=f"rank{rank.rank}/" if rank.distributed else "")
+                        prefix=f"rank{rank.rank}/" if rank.distributed else "",
+                        node_workers=(first_worker, cfg.num_workers))
     loop = TrainingLoop(cfg, derived, learners, buffer, weights, ch, exp_dir, counters, tb, rank)
     signals = _SignalHandler(loop)
     t0 = time.monotonic()

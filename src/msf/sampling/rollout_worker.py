@@ -19,6 +19,7 @@ import torch
 
 from msf.cfg.config import Config, Derived
 from msf.envs.vector import make_split
+from msf.sampling.affinity import pin_this_process
 from msf.sampling.messages import EpisodeStats, FullTrajectories
 from msf.sampling.trajectory_buffer import TrajectoryBuffer
 from msf.runner.supervision import parent_alive
@@ -230,7 +231,11 @@ class RolloutWorker:
                 envs.close()
 
 
-def rollout_worker_main(*args: Any) -> None:
-    """Process entry point (see :class:`RolloutWorker` for the arguments)."""
+def rollout_worker_main(cores: list[int] | None, *args: Any) -> None:
+    """Process entry point: pin this process to ``cores`` (None: leave it floating), then run a
+    :class:`RolloutWorker` with ``args``."""
+    pinned = pin_this_process(cores)
+    if pinned is not None:
+        log.info("rollout worker %d uses CPU cores %s", args[2], pinned)
     torch.set_num_threads(1)
     RolloutWorker(*args).run()
