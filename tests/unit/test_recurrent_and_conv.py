@@ -112,3 +112,20 @@ def test_image_normalisation_is_sample_factorys_per_pixel_formula():
     feats = model.actor_encoder.mlp(model.actor_encoder.conv(got).flatten(1))
     torch.testing.assert_close(model.actor_encoder(x), feats)
     assert {"actor_encoder.normalizer.mean_f32", "actor_encoder.normalizer.std_f32"} <= model.state_dict().keys()
+
+
+def test_policy_initialization_covers_the_convolutions():
+    """Orthogonal init of a conv layer: its weight as ``[out, in x k x k]`` has orthonormal rows scaled by the gain
+    (Sample Factory initialises Conv2d and Linear alike); biases start at zero; torch's default does neither."""
+    spaces = EnvSpaces((4, 84, 84), np.uint8, True, 6)
+    torch.manual_seed(0)
+    model = ActorCritic(Config(encoder_conv_architecture="convnet_atari", policy_init_gain=1.5), spaces)
+    convs = [m for m in model.actor_encoder.conv if isinstance(m, torch.nn.Conv2d)]
+    assert len(convs) == 3
+    for conv in convs:
+        w = conv.weight.detach().reshape(conv.out_channels, -1).double()
+        torch.testing.assert_close(w @ w.T, 1.5**2 * torch.eye(conv.out_channels, dtype=torch.float64), atol=1e-5, rtol=0)
+        assert conv.bias.abs().max() == 0.0
+    default = ActorCritic(Config(encoder_conv_architecture="convnet_atari", policy_initialization="torch_default"), spaces)
+    w = default.actor_encoder.conv[0].weight.detach().reshape(32, -1).double()
+    assert not torch.allclose(w @ w.T, torch.eye(32, dtype=torch.float64), atol=1e-2)

@@ -125,7 +125,7 @@ class Config:
     rnn_num_layers: int = _f(1, "Layers of the recurrent core", MODEL)
     nonlinearity: str = _f("elu", "Activation of the encoder", MODEL, ("elu", "relu", "tanh"))
     actor_critic_share_weights: bool = _f(True, "One encoder for actor and critic (False: two separate encoders)", MODEL)
-    policy_initialization: str = _f("orthogonal", "Weight initialisation of linear layers", MODEL, ("orthogonal", "xavier_uniform", "torch_default"))
+    policy_initialization: str = _f("orthogonal", "Weight initialisation of the linear and convolutional layers (biases zero; the recurrent core keeps torch's own)", MODEL, ("orthogonal", "xavier_uniform", "torch_default"))
     policy_init_gain: float = _f(1.0, "Gain of the orthogonal / xavier initialisation", MODEL)
     initial_stddev: float = _f(1.0, "Initial standard deviation of the Gaussian action head (continuous actions)", MODEL)
 

@@ -109,8 +109,10 @@ class ActorCritic(nn.Module):
     def _initialize(self, kind: str, gain: float) -> None:
         if kind == "torch_default":
             return
+        # linear and convolutional layers, as Sample Factory's policy_initialization (the recurrent core keeps
+        # torch's own initialisation there too)
         for m in self.modules():
-            if isinstance(m, nn.Linear):
+            if isinstance(m, (nn.Linear, nn.Conv2d)):
                 if kind == "orthogonal":
                     nn.init.orthogonal_(m.weight, gain=gain)
                 else:
