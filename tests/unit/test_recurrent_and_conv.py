@@ -106,7 +106,7 @@ def test_image_normalisation_is_sample_factorys_per_pixel_formula():
     ref = ((xs - xs.mean(0)) / torch.sqrt(xs.var(0, unbiased=False) + 1e-5)).clamp(-5.0, 5.0)
     got = model.actor_encoder.normalizer.normalize(x.float())
     torch.testing.assert_close(got.double(), ref, atol=1e-5, rtol=0)
-    assert got[:, :, :40].abs().max() == 0.0  # the background is gone
+    assert got[:, :, :40].abs().max() < 1e-5  # the background is gone (to float32 rounding)
     assert got[0, 0, 50, 50] == 5.0 and float(got[1, 0, 50, 50]) == pytest.approx(-1 / 63**0.5, rel=1e-3)
     # the normalised images are what the conv layers see, and the statistics travel with the weights
     feats = model.actor_encoder.mlp(model.actor_encoder.conv(got).flatten(1))

@@ -62,12 +62,16 @@ def global_moments(x: torch.Tensor, sample_ndim: int = 0) -> tuple[torch.Tensor,
     flat = x.detach().reshape(-1, *shape)
     # in chunks of at most ~4M elements: a batch of images in float64 would otherwise take gigabytes
     per = max(1, (1 << 22) // max(1, shape.numel()))
+    acc = torch.float64
+    if flat.dtype == torch.uint8:
+        # pixels: float32 sums of at most 256 samples are exact (256 x 255^2 < 2^24) and 3x faster
+        per, acc = min(per, 256), torch.float32
     s1 = torch.zeros(shape, dtype=torch.float64, device=flat.device)
     s2 = torch.zeros(shape, dtype=torch.float64, device=flat.device)
     for lo in range(0, flat.shape[0], per):
-        chunk = flat[lo:lo + per].to(torch.float64)
+        chunk = flat[lo:lo + per].to(acc)
         s1 += chunk.sum(0)
-        s2 += chunk.square().sum(0)
+        s2 += chunk.square_().sum(0)
     n = torch.tensor([float(flat.shape[0])], dtype=torch.float64, device=flat.device)
     packed = torch.cat([n, s1.reshape(-1), s2.reshape(-1)])
     all_reduce_sum_(packed)
