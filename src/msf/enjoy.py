@@ -159,7 +159,9 @@ def evaluate(cfg: Config, ev: EvalArgs) -> dict:
             env.close()
             raise ConfigError(f"--save_video: {cfg.env} cannot render here ({e}); or use --no_render") from None
     model = ActorCritic(cfg, spaces_of(env))
-    model.load_state_dict(state["model"])
+    if model.load_state_dict_compat(state["model"]):
+        print(f"msf-enjoy: {state.get('path', 'the checkpoint')} predates per-pixel image normalisation: its images "
+              "are scaled to [0, 1], as when it was trained", file=sys.stderr)
     model.eval()
     space = env.action_space
     bounds = (space.low, space.high) if hasattr(space, "low") else None

@@ -269,6 +269,16 @@ class Learner:
                 "train_step": self.train_step, "lr": self.lr, "hyperparameters": self.hyperparameters()}
 
     def load_state_dict(self, state: dict) -> None:
+        """Resume from a checkpoint's state (see :meth:`state_dict`).
+
+        Raises:
+            RuntimeError: the checkpoint does not fit the model; one written before msf normalised images per
+                pixel says so (it can be played with msf-enjoy, not resumed).
+        """
+        if self.model.missing_image_normalizers(state["model"]):
+            raise RuntimeError(f"{state.get('path', 'the checkpoint')} was written before msf normalised images per "
+                               "pixel (--normalize_input): its training cannot be resumed with the new inputs. Play it "
+                               "with msf-enjoy, or start anew with --restart_behavior=restart")
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.train_step = int(state["train_step"])
