@@ -183,7 +183,9 @@ def sampler_fps(flags: list[str], seconds: float, warmup: float) -> float:
 
 
 def msf_train_fps(flags: list[str], seconds: float, warmup: float) -> tuple[float, int]:
-    """(c): steady-state training FPS (median of the 10-s FPS summaries after ``warmup``), env frames."""
+    """(c): steady-state training FPS: frames gained between the first and the last summary after
+    ``warmup``, over the seconds between them (env frames; summaries come right after a learner
+    iteration, so the span holds whole iterations)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     exe = os.path.join(os.path.dirname(sys.executable), "msf-train")
@@ -194,8 +196,9 @@ def msf_train_fps(flags: list[str], seconds: float, warmup: float) -> tuple[floa
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
         acc = EventAccumulator(os.path.join(td, "tput", "tensorboard"), size_guidance={"scalars": 0})
         acc.Reload()
-        fps = [e for e in acc.Scalars("perf/fps") if e.wall_time - t0 >= warmup]
-        return statistics.median(e.value for e in fps), int(acc.Scalars("perf/fps")[-1].step)
+        pts = [e for e in acc.Scalars("perf/fps") if e.wall_time - t0 >= warmup]
+        rate = (pts[-1].step - pts[0].step) / (pts[-1].wall_time - pts[0].wall_time)
+        return rate, int(acc.Scalars("perf/fps")[-1].step)
 
 
 def _allreduce_proc(rank: int, world: int, port: int, numel: int, reps: int, out: dict) -> None:
@@ -240,8 +243,9 @@ def model_numel(flags: list[str]) -> int:
 
 
 def sf2_train_fps(python: str, flags: list[str], seconds: float, warmup: float) -> float | None:
-    """(d): Sample Factory 2's steady-state FPS, parsed from its 'Fps is (10 sec: X' lines."""
-    rx = re.compile(r"Fps is \(10 sec: ([\d.]+)")
+    """(d): Sample Factory 2's steady-state FPS: frames gained between its first and last report after
+    ``warmup`` ('Total num frames: N' lines), over the seconds between them."""
+    rx = re.compile(r"Total num frames: (\d+)")
     with tempfile.TemporaryDirectory() as td:
         cmd = [python, "-m", "sf_examples.train_gym_env", *flags, "--algo=APPO", "--use_rnn=False",
                "--experiment=tput_sf2", f"--train_dir={td}", "--restart_behavior=overwrite", "--with_wandb=False"]
@@ -254,7 +258,7 @@ def sf2_train_fps(python: str, flags: list[str], seconds: float, warmup: float) 
             for line in p.stdout:
                 m = rx.search(line)
                 if m and time.time() - t0 >= warmup:
-                    values.append(float(m.group(1)))
+                    values.append((time.time(), int(m.group(1))))
                 if time.time() - t0 >= seconds:
                     break
         finally:
@@ -267,7 +271,9 @@ def sf2_train_fps(python: str, flags: list[str], seconds: float, warmup: float) 
                 os.killpg(p.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        return statistics.median(values) if values else None
+        if len(values) < 2:
+            return None
+        return (values[-1][1] - values[0][1]) / (values[-1][0] - values[0][0])
 
 
 def main() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -124,3 +125,38 @@ class Progress:
             self.bar.close()
             self.redirect.__exit__(None, None, None)
             self.bar = None
+
+
+class RecentRate:
+    """Count per second over about the last ``window`` seconds, for a count that grows in jumps.
+
+    The training loop counts env steps when the learner takes an iteration's trajectories, so the count
+    rises in jumps of one iteration (e.g. 4,096 frames every 4 s on Atari on a CPU), and status lines come
+    right after a jump. Dividing the count gained since "now minus 10 s" by 10 s would then count one jump
+    too many at each status line (here 1,229 instead of 1,024 frames/s). This measures instead from the
+    newest jump that is at least ``window`` seconds old, so the span holds whole iterations; after a
+    stall of more than ``window`` seconds the rate is 0.
+
+    Args:
+        t0: the start (seconds, a monotonic clock). count0: the count at ``t0``. window: seconds.
+    """
+
+    def __init__(self, t0: float, count0: int, window: float = 10.0):
+        self.window = window
+        self.points: collections.deque[tuple[float, int]] = collections.deque([(t0, count0)])
+
+    def _prune(self, now: float) -> None:
+        while len(self.points) > 1 and now - self.points[1][0] >= self.window:
+            self.points.popleft()
+
+    def note(self, t: float, count: int) -> None:
+        """The count changed to ``count`` at time ``t``."""
+        if count != self.points[-1][1]:
+            self.points.append((t, count))
+            self._prune(t)
+
+    def rate(self, now: float, count: int) -> float:
+        """Count gained per second from the oldest kept point to ``now`` (0 when no time has passed)."""
+        self._prune(now)
+        t0, c0 = self.points[0]
+        return (count - c0) / (now - t0) if now > t0 else 0.0

@@ -26,7 +26,7 @@ from msf.distributed.topology import RankInfo
 from msf.learning.learner import Learner
 from msf.learning.published_weights import PublishedWeights
 from msf.persistence.checkpoint import BackgroundCheckpointWriter
-from msf.persistence.summaries import Progress, TensorBoardSummaries
+from msf.persistence.summaries import Progress, RecentRate, TensorBoardSummaries
 from msf.runner.supervision import ChildDied, check_children
 from msf.sampling.messages import ComponentFailure, EpisodeStats, FullTrajectories
 from msf.sampling.trajectory_buffer import TrajectoryBuffer
@@ -130,7 +130,7 @@ class TrainingLoop:
         self.start_steps = counters.env_steps
         self.local_steps = 0  # this replica's, for its own FPS
         self.delta = np.zeros(3)  # steps, episodes, dropped since the last agreement
-        self.fps_window: collections.deque[tuple[float, int]] = collections.deque([(self.start_time, counters.env_steps)])
+        self.recent_steps = RecentRate(self.start_time, counters.env_steps)
         self.global_stats: dict[str, Any] = {}
         self.progress = Progress(cfg.train_for_env_steps, cfg.with_progress_bar and rank.is_main, initial=self.frames)
         self.last_milestone = self.start_time
@@ -261,6 +261,7 @@ class TrainingLoop:
         self.delta[:] = 0
         g = all_reduce_sum_(v).numpy()
         self.c.env_steps += int(g[_STEPS])
+        self.recent_steps.note(time.monotonic(), self.c.env_steps)
         self.c.episodes += int(g[_EPISODES])
         self.c.dropped_trajectories += int(g[_DROPPED])
         return g
@@ -327,12 +328,8 @@ class TrainingLoop:
     def fps(self) -> tuple[float, float]:
         """(global frames per second over the last ~10 s, since the start of this run)."""
         now = time.monotonic()
-        self.fps_window.append((now, self.c.env_steps))
-        while len(self.fps_window) > 2 and now - self.fps_window[1][0] > 10.0:
-            self.fps_window.popleft()
-        t0, s0 = self.fps_window[0]
         fs = self.derived.frameskip
-        recent = (self.c.env_steps - s0) * fs / max(now - t0, 1e-9)
+        recent = self.recent_steps.rate(now, self.c.env_steps) * fs
         total = (self.c.env_steps - self.start_steps) * fs / max(now - self.start_time, 1e-9)
         return recent, total
 
