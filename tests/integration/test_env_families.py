@@ -56,6 +56,9 @@ def test_family_trains_end_to_end(train_dir, env, shape, dtype, discrete, frames
     cores = sorted(os.sched_getaffinity(0))
     for w in range(2):  # the workers log to the console (stderr)
         assert f"rollout worker {w} uses CPU cores [{cores[w % len(cores)]}]" in r.stderr, r.stderr[-3000:]
+    # and the plan is in the run's log.txt
+    plan = ", ".join(f"{w}: [{cores[w % len(cores)]}]" for w in range(2))
+    assert f"rollout workers pinned to CPU cores: {plan}" in (train_dir / "fam" / "log.txt").read_text()
     # msf-enjoy plays the trained policy in the evaluation version of the env
     r = subprocess.run([sys.executable, "-m", "msf.enjoy", f"--env={env}", "--experiment=fam", f"--train_dir={train_dir}",
                         "--max_num_episodes=1", "--max_num_frames=400"], capture_output=True, text=True, timeout=120)

@@ -99,12 +99,31 @@ def _start_workers(cfg: Config, derived: Derived, spaces: EnvSpaces, buffer: Tra
     if cfg.set_workers_cpu_affinity and worker_cores(first, total, cores) is None:
         log.info("--set_workers_cpu_affinity: %d rollout workers do not spread evenly over %d cores; none is pinned "
                  "(use a multiple of the cores, or at most one worker per core)", total, len(cores))
-    for w in range(cfg.num_workers):
-        pin = worker_cores(first + w, total, cores) if cfg.set_workers_cpu_affinity else None
+    pins = [worker_cores(first + w, total, cores) if cfg.set_workers_cpu_affinity else None
+            for w in range(cfg.num_workers)]
+    if not cfg.set_workers_cpu_affinity:
+        log.info("--set_workers_cpu_affinity=False: the rollout workers are not pinned")
+    elif pins and pins[0] is not None:
+        log.info("rollout workers pinned to CPU cores: %s", ", ".join(f"{w}: {c}" for w, c in enumerate(pins)))
+    for w, pin in enumerate(pins):
         procs.append(spawn(rollout_worker_main, f"{prefix}rollout_worker_{w}", failures, pin, cfg, derived, w, buffer,
                            [pipes[w][p][1] for p in range(P)], full_queue, free_queues[w], stats_queue, stop_event,
                            me, rollout_wait[w]))
     return Channels(full_queue, free_queues, stats_queue, failures, procs, inference_stats, rollout_wait)
+
+
+def learner_threads(cfg: Config, nproc_per_node: int, cores: int) -> int:
+    """torch threads for one learner replica: ``--learner_threads`` when given; otherwise (0) the cores
+    left when each of the node's rollout workers and inference workers holds one, shared by the node's
+    replicas, at least 1 (more threads than spare cores contend with the workers).
+
+    Args:
+        cfg: the run's config. nproc_per_node: learner replicas on this node. cores: usable CPU cores.
+    """
+    if cfg.learner_threads > 0:
+        return cfg.learner_threads
+    busy = cfg.num_workers + cfg.policy_workers_per_policy * cfg.num_policies * nproc_per_node
+    return max(1, (cores - busy) // nproc_per_node)
 
 
 def run_device_group(cfg: Config, spaces: EnvSpaces, rank: RankInfo) -> dict | None:
@@ -123,10 +142,9 @@ def run_device_group(cfg: Config, spaces: EnvSpaces, rank: RankInfo) -> dict | N
     setup_logging(exp_dir, rank=rank.rank if rank.distributed else None)
     device = f"cuda:{rank.local_rank}" if cfg.device == "gpu" else "cpu"
     torch.manual_seed(cfg.seed)  # the same on every replica; DDP also broadcasts rank 0's weights
-    # the learner shares the machine with the workers: more threads than spare cores only contend
     P = cfg.num_policies
-    busy = cfg.num_workers + cfg.policy_workers_per_policy * P * rank.nproc_per_node
-    torch.set_num_threads(max(1, ((os.cpu_count() or 1) - busy) // rank.nproc_per_node))
+    torch.set_num_threads(learner_threads(cfg, rank.nproc_per_node, len(usable_cores())))
+    log.info("learner: %d torch thread(s) (--learner_threads=%d)", torch.get_num_threads(), cfg.learner_threads)
     # one process group per policy over all ranks, created in the same order on every rank: each policy's
     # DDP and learner collectives run on its own group (one policy: the default group)
     groups = [torch.distributed.new_group(list(range(rank.world_size))) for _ in range(P)] \
