@@ -4,9 +4,11 @@ Two modes:
 
 * ``--mode throughput`` (default): for each workload, in env frames per second (env steps x 4), all
   measured in this run: the raw env loop (2 processes, random actions), msf's sampler (rollout and
-  inference workers, no learning) and msf's training (steady state: the median of the 10-s figures after
-  ``--warmup``), each with the gymnasium backend and, where EnvPool serves the family, with
-  ``--env_backend=envpool``; Sample Factory 2.1.1's training with the same arguments (``--sf2_python``);
+  inference workers, no learning) and msf's training (steady state: frames gained from the first to the
+  last status line after ``--warmup``, over the seconds between them), each with the gymnasium backend
+  and, where EnvPool serves the family, with ``--env_backend=envpool``; msf training with
+  ``--learner_threads`` = all cores; Sample Factory 2.1.1's training with the same arguments (``--sf2_python``,
+  measured the same way from its reports);
   and the model's own limit (``throughput.model_limit_sps``: the inference and learner work per sample in
   a tight loop, no envs). Then msf / SF2 and msf / the model's limit.
 * ``--mode curves --frames 2000000``: each trains to that many frames; the table gives the mean
