@@ -114,3 +114,30 @@ def test_unknown_family_members_are_refused(tmp_path):
     r = run_msf(["--env=MiniGrid-Empty-5x5-v0", "--encoder_conv_architecture=convnet_simple", "--experiment=y",
                  f"--train_dir={tmp_path}"], timeout=60)
     assert r.returncode == 2 and "--encoder_conv_architecture:" in r.stderr and "resnet_impala" in r.stderr
+
+
+@pytest.mark.slow
+def test_learner_threads_are_chosen_once_from_the_measured_load(train_dir):
+    """--learner_threads=0: 30 s in, the learner sets its threads once from its workers' measured waiting,
+    by the rule of ``auto_learner_threads`` applied to the figures the log reports."""
+    import re
+
+    _skip_without_extra("atari_pong")
+    r = run_msf(["--env=atari_pong", "--experiment=thr", f"--train_dir={train_dir}", "--num_workers=2",
+                 "--num_envs_per_worker=2", "--batch_size=128", "--rollout=32", "--num_epochs=2",
+                 "--experiment_summaries_interval=5", "--train_for_seconds=45"], timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    log = (train_dir / "thr" / "log.txt").read_text()
+    cores = len(os.sched_getaffinity(0))
+    start = re.findall(r"learner: (\d+) torch thread\(s\) \(--learner_threads=0: chosen again", log)
+    assert start == [str(max(1, cores - 3))]  # 2 rollout workers + 1 inference worker hold a core each
+    lines = re.findall(r"learner: (\d+) torch thread\(s\) from now on, was (\d+) \(the workers kept ([\d.]+) of "
+                       r"([\d.]+) cores busy, the learner waited (\d+)% ", log)
+    assert len(lines) == 1, log[-3000:]  # once, never revised
+    after, before, busy, share, waited = int(lines[0][0]), int(lines[0][1]), *map(float, lines[0][2:])
+    assert before == int(start[0]) and share == cores
+    by_load = max(1, min(int(share), int(share - busy + 0.5)))
+    if abs(waited - 10) < 1:  # the log rounds the share: at the 10% threshold either answer is the rule's
+        assert after in (before, by_load)
+    else:
+        assert after == (before if waited > 10 else by_load)

@@ -134,14 +134,3 @@ def test_symmetric_kl_is_refused_where_it_is_undefined():
         check_model(cfg, masked)
     check_model(cfg, EnvSpaces((3,), np.float32, False, 5, action_nvec=(3, 2)))  # MultiDiscrete: fine
 
-
-@pytest.mark.parametrize("changes, nproc, cores, want", [
-    ({"num_workers": 2}, 1, 2, 1),  # 2 cores, 2 workers + 1 inference worker: none spare, still 1
-    ({"num_workers": 2, "learner_threads": 2}, 1, 2, 2),  # given: taken as is
-    ({"num_workers": 4}, 2, 16, 5),  # 16 - (4 + 1 x 1 x 2) = 10 spare, 2 replicas
-    ({"num_workers": 4, "num_policies": 2, "policy_workers_per_policy": 2}, 1, 16, 8),  # 16 - (4 + 2 x 2)
-])
-def test_learner_threads(changes, nproc, cores, want):
-    from msf.runner.device_group import learner_threads
-
-    assert learner_threads(dataclasses.replace(Config(), **changes), nproc, cores) == want

@@ -41,7 +41,7 @@ from msf.runner.experiment import experiment_dir
 from msf.runner.supervision import CTX, spawn, stop_children, use_quiet_executable
 from msf.runner.training_loop import Channels, Counters, PolicyCounters, TrainingLoop
 from msf.sampling.inference_worker import inference_worker_main
-from msf.sampling.affinity import usable_cores, worker_cores
+from msf.sampling.affinity import learner_threads, usable_cores, worker_cores
 from msf.sampling.rollout_worker import rollout_worker_main
 from msf.sampling.trajectory_buffer import TrajectoryBuffer
 
@@ -112,20 +112,6 @@ def _start_workers(cfg: Config, derived: Derived, spaces: EnvSpaces, buffer: Tra
     return Channels(full_queue, free_queues, stats_queue, failures, procs, inference_stats, rollout_wait)
 
 
-def learner_threads(cfg: Config, nproc_per_node: int, cores: int) -> int:
-    """torch threads for one learner replica: ``--learner_threads`` when given; otherwise (0) the cores
-    left when each of the node's rollout workers and inference workers holds one, shared by the node's
-    replicas, at least 1 (more threads than spare cores contend with the workers).
-
-    Args:
-        cfg: the run's config. nproc_per_node: learner replicas on this node. cores: usable CPU cores.
-    """
-    if cfg.learner_threads > 0:
-        return cfg.learner_threads
-    busy = cfg.num_workers + cfg.policy_workers_per_policy * cfg.num_policies * nproc_per_node
-    return max(1, (cores - busy) // nproc_per_node)
-
-
 def run_device_group(cfg: Config, spaces: EnvSpaces, rank: RankInfo) -> dict | None:
     """Train one policy on this device group until done; rank 0 writes and returns ``summary.json``.
 
@@ -143,8 +129,11 @@ def run_device_group(cfg: Config, spaces: EnvSpaces, rank: RankInfo) -> dict | N
     device = f"cuda:{rank.local_rank}" if cfg.device == "gpu" else "cpu"
     torch.manual_seed(cfg.seed)  # the same on every replica; DDP also broadcasts rank 0's weights
     P = cfg.num_policies
-    torch.set_num_threads(learner_threads(cfg, rank.nproc_per_node, len(usable_cores())))
-    log.info("learner: %d torch thread(s) (--learner_threads=%d)", torch.get_num_threads(), cfg.learner_threads)
+    torch.set_num_threads(learner_threads(cfg.learner_threads, cfg.num_workers,
+                                          cfg.policy_workers_per_policy * P * rank.nproc_per_node,
+                                          rank.nproc_per_node, len(usable_cores())))
+    log.info("learner: %d torch thread(s) (--learner_threads=%d%s)", torch.get_num_threads(), cfg.learner_threads,
+             ": chosen again from the measured load after 30 s" if cfg.learner_threads == 0 else "")
     # one process group per policy over all ranks, created in the same order on every rank: each policy's
     # DDP and learner collectives run on its own group (one policy: the default group)
     groups = [torch.distributed.new_group(list(range(rank.world_size))) for _ in range(P)] \

@@ -28,6 +28,7 @@ from msf.learning.published_weights import PublishedWeights
 from msf.persistence.checkpoint import BackgroundCheckpointWriter
 from msf.persistence.summaries import Progress, RecentRate, TensorBoardSummaries
 from msf.runner.supervision import ChildDied, check_children
+from msf.sampling.affinity import auto_learner_threads, usable_cores
 from msf.sampling.messages import ComponentFailure, EpisodeStats, FullTrajectories
 from msf.sampling.trajectory_buffer import TrajectoryBuffer
 
@@ -131,6 +132,8 @@ class TrainingLoop:
         self.local_steps = 0  # this replica's, for its own FPS
         self.delta = np.zeros(3)  # steps, episodes, dropped since the last agreement
         self.recent_steps = RecentRate(self.start_time, counters.env_steps)
+        self.threads_tuned = cfg.learner_threads > 0  # a given number is kept
+        self.local_waits = [0.0, 0.0, 0.0]
         self.global_stats: dict[str, Any] = {}
         self.progress = Progress(cfg.train_for_env_steps, cfg.with_progress_bar and rank.is_main, initial=self.frames)
         self.last_milestone = self.start_time
@@ -366,7 +369,8 @@ class TrainingLoop:
             ep[p, 1, :len(pol.stats.lengths)] = torch.tensor(list(pol.stats.lengths), dtype=torch.float64)
         lags = [x for pol in self.policies for x in pol.stats.lag]
         empty = [pol.empty_batches for pol in self.policies]
-        per_rank = torch.tensor([self.local_fps(), *self._wait_shares(), *lags, *empty], dtype=torch.float64)
+        self.local_waits = self._wait_shares()
+        per_rank = torch.tensor([self.local_fps(), *self.local_waits, *lags, *empty], dtype=torch.float64)
         g_ep, g_rank = all_gather_tensor(ep), all_gather_tensor(per_rank)
         policies = []
         for p in range(P):
@@ -386,8 +390,26 @@ class TrainingLoop:
             "wait_shares": g_rank[:, 1:4].mean(0).tolist(),  # rollout, inference, learner; mean over ranks
         }
 
+    def _tune_learner_threads(self) -> None:
+        """``--learner_threads=0``: once, at the first summary 30 s after the start, set this replica's
+        torch threads from the measured waiting shares of its workers (:func:`auto_learner_threads`)."""
+        if self.threads_tuned or time.monotonic() - self.start_time < 30.0:
+            return
+        self.threads_tuned = True
+        rollout_wait, inference_wait, learner_wait = self.local_waits
+        n_r, n_i = len(self.ch.rollout_wait), len(self.ch.inference_stats)
+        cores = len(usable_cores()) / self.rank.nproc_per_node
+        before = torch.get_num_threads()
+        after = auto_learner_threads(cores, n_r, rollout_wait, n_i, inference_wait, learner_wait, before)
+        if after != before:
+            torch.set_num_threads(after)
+        log.info("learner: %d torch thread(s) from now on, was %d (the workers kept %.2f of %.2f cores busy, the "
+                 "learner waited %.0f%% of the time; --learner_threads=N fixes the number)", after, before,
+                 n_r * (1 - rollout_wait) + n_i * (1 - inference_wait), cores, 100 * learner_wait)
+
     def _summaries(self) -> None:
         self._gather_stats()
+        self._tune_learner_threads()
         if not self.rank.is_main:
             return
         gs = self.global_stats

@@ -1,4 +1,5 @@
-"""Pinning rollout workers to CPU cores (``--set_workers_cpu_affinity``, Sample Factory's flag).
+"""Cores and threads: pinning rollout workers to CPU cores (``--set_workers_cpu_affinity``, Sample
+Factory's flag) and the learner's torch threads (``--learner_threads``).
 
 A simulator such as ViZDoom runs its game engine in a thread of the worker's process; when the process
 floats, the engine and the Python loop bounce between cores and the env loop runs at about half speed.
@@ -47,3 +48,38 @@ def pin_this_process(cores: list[int] | None) -> list[int] | None:
         return None
     os.sched_setaffinity(0, cores)
     return sorted(os.sched_getaffinity(0))
+
+
+def learner_threads(learner_threads_flag: int, num_workers: int, inference_workers: int, nproc_per_node: int,
+                    cores: int) -> int:
+    """torch threads a learner replica starts with: ``--learner_threads`` when given (> 0); otherwise the
+    cores left when each of the node's ``num_workers`` rollout workers and ``inference_workers`` inference
+    workers holds one, shared by the node's ``nproc_per_node`` replicas, and at least 1."""
+    if learner_threads_flag > 0:
+        return learner_threads_flag
+    return max(1, (cores - num_workers - inference_workers) // nproc_per_node)
+
+
+def auto_learner_threads(cores: float, rollout_workers: int, rollout_wait: float, inference_workers: int,
+                         inference_wait: float, learner_wait: float, current: int) -> int:
+    """The learner's torch threads chosen from what the workers were measured to use (``--learner_threads=0``).
+
+    The start rule assumes every worker keeps a core busy. With pixel envs on few cores they mostly wait for
+    the learner (atari_pong on 2 cores: rollout workers wait 88%, the inference worker 76%, the learner 0%),
+    and the idle share is wasted. The workers' busy cores are ``n x (1 - wait share)`` per kind; the learner
+    gets what is left of its share of the node, rounded to whole threads, at least 1. A learner that waits for
+    trajectories more than 10% of the time is not the bottleneck, and keeps ``current``.
+
+    Args:
+        cores: this replica's share of the node's usable cores (cores / nproc_per_node).
+        rollout_workers, inference_workers: this replica's worker processes.
+        rollout_wait, inference_wait, learner_wait: mean share of the time each kind waited, in [0, 1].
+        current: the learner's threads now.
+
+    Returns:
+        The number of threads, in ``[1, max(1, floor(cores))]``.
+    """
+    if learner_wait > 0.1:
+        return current
+    spare = cores - rollout_workers * (1.0 - rollout_wait) - inference_workers * (1.0 - inference_wait)
+    return int(max(1, min(int(cores), int(spare + 0.5))))
