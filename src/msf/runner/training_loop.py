@@ -133,6 +133,7 @@ class TrainingLoop:
         self.delta = np.zeros(3)  # steps, episodes, dropped since the last agreement
         self.recent_steps = RecentRate(self.start_time, counters.env_steps)
         self.threads_tuned = cfg.learner_threads > 0  # a given number is kept
+        self.summary_frames: int | None = None  # the frame count of the last summary
         self.local_waits = [0.0, 0.0, 0.0]
         self.global_stats: dict[str, Any] = {}
         self.progress = Progress(cfg.train_for_env_steps, cfg.with_progress_bar and rank.is_main, initial=self.frames)
@@ -408,6 +409,9 @@ class TrainingLoop:
                  n_r * (1 - rollout_wait) + n_i * (1 - inference_wait), cores, 100 * learner_wait)
 
     def _summaries(self) -> None:
+        """Collective (every rank at the same agreement): gather the statistics; rank 0 writes TensorBoard's
+        points at the current frame count and the status line."""
+        self.summary_frames = self.frames
         self._gather_stats()
         self._tune_learner_threads()
         if not self.rank.is_main:
@@ -550,5 +554,6 @@ class TrainingLoop:
             if self.cfg.ddp_check_interval and self.iteration % self.cfg.ddp_check_interval == 0:
                 self._check_replicas()
         self.progress.close()
-        self._summaries()
+        if self.summary_frames != self.frames:  # the stop's agreement may have made one at this step already
+            self._summaries()
         return self.stop_reason
