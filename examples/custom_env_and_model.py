@@ -12,6 +12,9 @@ under ``if __name__ == "__main__"`` would not reach them):
 The run names them as ``--env=custom_env_and_model:gridwalk`` and
 ``--encoder_custom=custom_env_and_model:wide_mlp``; ``main`` adds this folder to ``PYTHONPATH`` so
 that the spawned processes can import the module.
+
+The walk is tiny, so ``main`` also sets ``--learning_rate=0.001`` (Sample Factory's default 1e-4 needs
+several times more steps here); flags given on the command line come later and win.
 """
 
 from __future__ import annotations
@@ -85,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["PYTHONPATH"] = here + os.pathsep + os.environ.get("PYTHONPATH", "")
     sys.path.insert(0, here)
     args = ["--env=custom_env_and_model:gridwalk", "--encoder_custom=custom_env_and_model:wide_mlp",
-            "--num_workers=2", "--num_envs_per_worker=8", "--batch_size=256", "--device=cpu"]
+            "--num_workers=2", "--num_envs_per_worker=8", "--batch_size=256", "--device=cpu",
+            "--learning_rate=0.001"]
     return train([*args, *(sys.argv[1:] if argv is None else argv)])
 
 
