@@ -9,8 +9,11 @@ Two modes:
   and, where EnvPool serves the family, with ``--env_backend=envpool``; msf training with
   ``--learner_threads`` = all cores; Sample Factory 2.1.1's training with the same arguments (``--sf2_python``,
   measured the same way from its reports);
-  and the model's own limit (``throughput.model_limit_sps``: the inference and learner work per sample in
-  a tight loop, no envs). Then msf / SF2 and msf / the model's limit.
+  the model's own limit (``throughput.model_limit_sps``: the inference and learner work per sample in
+  a tight loop, no envs); and the CPU ceiling (``throughput.cpu_costs``: the core-time per env step of the
+  envs, the inference and the learner, each measured alone on one core; cores / their sum bounds what any
+  framework can train at doing this work here). Then msf / SF2, msf / the model's limit, and each
+  framework's share of the CPU ceiling.
 * ``--mode curves --frames 2000000``: each trains to that many frames; the table gives the mean
   return (last 100 episodes) at every 20% of the budget, the wall time and the FPS, and the return of
   a random policy beside them.
@@ -154,7 +157,7 @@ def random_return(name: str, episodes: int = 5) -> float:
 def throughput_tables(names: list[str], a: argparse.Namespace) -> None:
     """For each workload: raw env loop, sampler, training (gymnasium and EnvPool backends), Sample Factory 2's
     training and the model's own limit, all in env frames per second (env steps x 4), measured in this run."""
-    from throughput import model_limit_sps, raw_env_fps, sampler_fps
+    from throughput import cpu_costs, model_limit_sps, raw_env_fps, sampler_fps
 
     for name in names:
         flags = [*WORKLOADS[name], "--device=cpu"]
@@ -198,6 +201,12 @@ def throughput_tables(names: list[str], a: argparse.Namespace) -> None:
             print(rows[-1], flush=True)
         limit = 4 * model_limit_sps(flags, 40.0)
         rows.append(("the model's own limit (inference + learner work per sample, no envs)", limit))
+        costs = cpu_costs(flags, 15.0)
+        cores = len(os.sched_getaffinity(0))
+        per_step = costs["env"] + costs["inference"] + costs["learner"]
+        ceiling = 4 * 1000.0 * cores / per_step
+        rows.append((f"the CPU ceiling: {cores} cores / (env {costs['env']:.2f} + inference {costs['inference']:.2f} "
+                     f"(batch {costs['inference_batch']}) + learner {costs['learner']:.2f} core-ms per env step)", ceiling))
         train = dict(rows)["msf training (gymnasium)"]
         print(f"\n{name}: flags {' '.join(flags)}\n")
         print("| stage | env frames/s |\n|---|---|")
@@ -208,6 +217,9 @@ def throughput_tables(names: list[str], a: argparse.Namespace) -> None:
         if sf2:
             print(f"\nmsf training / Sample Factory 2 training: {train / sf2:.2f}x (default flags), "
                   f"{best / sf2:.2f}x ({best_label})")
+            print(f"share of the CPU ceiling: msf {train / ceiling:.2f} (default flags), {best / ceiling:.2f} "
+                  f"({best_label}), Sample Factory 2 {sf2 / ceiling:.2f}; 1.5x Sample Factory 2 would be "
+                  f"{1.5 * sf2 / ceiling:.2f}, and the ceiling is {ceiling / sf2:.2f}x Sample Factory 2")
         print(f"msf training / the model's own limit: {train / limit:.2f} (default flags), {best / limit:.2f} "
               f"({best_label})", flush=True)
 

@@ -115,19 +115,9 @@ def model_limit_sps(flags: list[str], seconds: float) -> float:
     torch.set_num_threads(os.cpu_count() or 1)
     learner = Learner(cfg, derived, spaces, "cpu")
     policy = ActorCritic(cfg, spaces).eval()
-    B, T = derived.trajectories_per_iteration, cfg.rollout
-    g = torch.Generator().manual_seed(0)
-    obs_dtype = torch.uint8 if spaces.obs_dtype == np.uint8 else torch.float32
-    obs = (torch.randint(0, 256, (B, T + 1, *spaces.obs_shape), generator=g).to(obs_dtype) if obs_dtype == torch.uint8
-           else torch.randn(B, T + 1, *spaces.obs_shape, generator=g))
-    act_shape = spaces.action_shape
-    actions = (torch.randint(0, spaces.num_actions if spaces.action_nvec is None else min(spaces.action_nvec),
-                             (B, T, *act_shape), generator=g) if spaces.discrete else torch.randn(B, T, *act_shape))
-    batch = {"obs": obs, "actions": actions, "log_probs": torch.full((B, T), -1.0), "values": torch.zeros(B, T),
-             "rewards": torch.randn(B, T, generator=g), "dones": torch.zeros(B, T, dtype=torch.uint8),
-             "time_outs": torch.zeros(B, T, dtype=torch.uint8), "policy_versions": torch.zeros(B, T, dtype=torch.int64)}
-    if derived.rnn_state_size:
-        batch["rnn_states"] = torch.zeros(B, T + 1, derived.rnn_state_size)
+    batch = _random_batch(cfg, derived, spaces)
+    obs = batch["obs"]
+    B, T = batch["rewards"].shape
     request = max(1, derived.envs_per_split)
     flat = obs[:, :T].reshape(B * T, *spaces.obs_shape)
     states = torch.zeros(request, derived.rnn_state_size) if derived.rnn_state_size else None
@@ -139,6 +129,140 @@ def model_limit_sps(flags: list[str], seconds: float) -> float:
         learner.train({k: v.clone() for k, v in batch.items()})
         steps += B * T
     return steps / (time.perf_counter() - t0)
+
+
+def _core_ticks(core: int) -> tuple[int, int]:
+    """(busy, total) jiffies of CPU ``core`` so far, from ``/proc/stat`` (Linux)."""
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith(f"cpu{core} "):
+                v = [int(x) for x in line.split()[1:]]
+                idle = v[3] + v[4]  # idle + iowait
+                return sum(v) - idle, sum(v)
+    raise RuntimeError(f"no cpu{core} in /proc/stat")
+
+
+def _env_cost_proc(flags: list[str], seconds: float, core: int, out: "mp.Queue") -> None:
+    """One rollout worker's envs alone (``--num_envs_per_worker`` of them, stepped in turn with random
+    actions) in this process pinned to ``core``; puts the env steps it made on ``out``."""
+    from msf.sampling.affinity import pin_this_process
+
+    pin_this_process([core])
+    from msf.cfg.arguments import parse_args
+    from msf.envs.families import apply_family_defaults
+    from msf.envs.registry import env_config_of, make_env
+
+    cfg, given = parse_args(flags)
+    cfg = apply_family_defaults(cfg, given)
+    envs = [make_env(cfg.env, env_config_of(cfg, worker_index=0, env_index=i, seed=i))
+            for i in range(cfg.num_envs_per_worker)]
+    for i, e in enumerate(envs):
+        e.reset(seed=i)
+    out.put("ready")
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for e in envs:
+            _, _, term, trunc, _ = e.step(e.action_space.sample())
+            if term or trunc:
+                e.reset()
+        n += len(envs)
+    out.put((n, time.perf_counter() - t0))
+    for e in envs:
+        e.close()
+
+
+def cpu_costs(flags: list[str], seconds: float = 15.0) -> dict[str, float]:
+    """CPU time per env step of each part of the work, each measured alone, in core-milliseconds.
+
+    * ``env``: one rollout worker's envs in one process pinned to the last usable core (an env's helper
+      processes, such as ViZDoom's engine, inherit the pin, so their time counts too), times that core's
+      busy fraction over the run from ``/proc/stat`` (the waits between a process and its engine are not
+      counted as work);
+    * ``inference``: ``ActorCritic.act`` on one thread, per sample, in batches of
+      ``num_workers x num_envs_per_worker`` (every env of every worker at once: the largest batch an
+      inference worker can gather, so the cheapest per sample);
+    * ``learner``: ``Learner.train`` on one thread (a whole iteration: bootstrap forward, ``num_epochs``
+      forward + backward passes, optimiser steps), per sample.
+
+    One thread is where a core does the most of this work; more threads on the same cores only add
+    synchronisation. So ``cores / (env + inference + learner)`` bounds the training steps per second
+    any framework can reach doing exactly this work on this machine (the *CPU ceiling*), before any
+    cost of moving data between processes.
+    """
+    import torch
+
+    from msf.cfg.arguments import parse_args
+    from msf.cfg.config import Derived
+    from msf.envs.families import apply_family_defaults
+    from msf.envs.registry import env_config_of, env_spaces
+    from msf.learning.learner import Learner
+    from msf.model.actor_critic import ActorCritic
+    from msf.sampling.affinity import usable_cores
+
+    core = usable_cores()[-1]
+    ctx = mp.get_context("spawn")
+    q: mp.Queue = ctx.Queue()
+    p = ctx.Process(target=_env_cost_proc, args=(flags, seconds, core, q))
+    p.start()
+    q.get(timeout=300)
+    b0, t0 = _core_ticks(core)
+    steps, elapsed = q.get(timeout=seconds + 300)
+    b1, t1 = _core_ticks(core)
+    p.join(timeout=60)
+    env_ms = 1000.0 * elapsed * (b1 - b0) / max(t1 - t0, 1) / steps  # the busy share of the loop's time
+
+    cfg, given = parse_args(flags)
+    cfg = apply_family_defaults(cfg, given)
+    derived, spaces = Derived.of(cfg), env_spaces(cfg.env, env_config_of(cfg))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        policy = ActorCritic(cfg, spaces).eval()
+        n = cfg.num_workers * cfg.num_envs_per_worker
+        g = torch.Generator().manual_seed(0)
+        obs = (torch.randint(0, 256, (n, *spaces.obs_shape), generator=g).to(torch.uint8)
+               if spaces.obs_dtype == np.uint8 else torch.randn(n, *spaces.obs_shape, generator=g))
+        states = torch.zeros(n, derived.rnn_state_size) if derived.rnn_state_size else None
+        with torch.inference_mode():
+            for _ in range(3):
+                policy.act(obs, states)
+            k, t = 0, time.perf_counter()
+            while time.perf_counter() - t < seconds / 3 or k < 3:
+                policy.act(obs, states)
+                k += 1
+            inference_ms = 1000.0 * (time.perf_counter() - t) / (k * n)
+        learner = Learner(cfg, derived, spaces, "cpu")
+        batch = _random_batch(cfg, derived, spaces)
+        B, T = batch["rewards"].shape
+        learner.train({k: v.clone() for k, v in batch.items()})
+        k, t = 0, time.perf_counter()
+        while time.perf_counter() - t < seconds or k < 2:
+            learner.train({k_: v.clone() for k_, v in batch.items()})
+            k += 1
+        learner_ms = 1000.0 * (time.perf_counter() - t) / (k * B * T)
+    finally:
+        torch.set_num_threads(threads)
+    return {"env": env_ms, "inference": inference_ms, "learner": learner_ms, "inference_batch": n,
+            "env_core_busy": (b1 - b0) / max(t1 - t0, 1)}
+
+
+def _random_batch(cfg, derived, spaces) -> dict:
+    """One learner iteration's trajectories of random observations, actions and rewards."""
+    import torch
+
+    B, T = derived.trajectories_per_iteration, cfg.rollout
+    g = torch.Generator().manual_seed(0)
+    obs = (torch.randint(0, 256, (B, T + 1, *spaces.obs_shape), generator=g).to(torch.uint8)
+           if spaces.obs_dtype == np.uint8 else torch.randn(B, T + 1, *spaces.obs_shape, generator=g))
+    act_shape = spaces.action_shape
+    actions = (torch.randint(0, spaces.num_actions if spaces.action_nvec is None else min(spaces.action_nvec),
+                             (B, T, *act_shape), generator=g) if spaces.discrete else torch.randn(B, T, *act_shape))
+    batch = {"obs": obs, "actions": actions, "log_probs": torch.full((B, T), -1.0), "values": torch.zeros(B, T),
+             "rewards": torch.randn(B, T, generator=g), "dones": torch.zeros(B, T, dtype=torch.uint8),
+             "time_outs": torch.zeros(B, T, dtype=torch.uint8), "policy_versions": torch.zeros(B, T, dtype=torch.int64)}
+    if derived.rnn_state_size:
+        batch["rnn_states"] = torch.zeros(B, T + 1, derived.rnn_state_size)
+    return batch
 
 
 def sampler_fps(flags: list[str], seconds: float, warmup: float) -> float:

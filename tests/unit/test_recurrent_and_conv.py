@@ -153,3 +153,37 @@ def test_a_checkpoint_from_before_image_normalisation_plays_but_does_not_resume(
     with pytest.raises(RuntimeError, match="before msf normalised images per pixel"):
         learner.load_state_dict({"model": old_state, "optimizer": learner.optimizer.state_dict(), "train_step": 0,
                                  "lr": 1e-4, "path": "old.pth"})
+
+
+@pytest.mark.parametrize("arch, obs_shape", [("convnet_atari", (4, 84, 84)), ("convnet_simple", (72, 128, 3)),
+                                             ("resnet_impala", (3, 64, 64))])
+def test_learner_passes_in_channels_last_equal_a_float64_nchw_reference(arch, obs_shape):
+    """With autograd on (the learner) the encoder runs its convolutions in channels_last; the features and the
+    weights' gradients must be those of the plain NCHW computation, checked against a float64 copy."""
+    torch.manual_seed(0)
+    enc = ConvEncoder(obs_shape, arch, [64], "elu", normalize=True)
+    obs = torch.randint(0, 256, (6, *obs_shape), dtype=torch.uint8)
+    enc.update_normalizers(obs)
+    ref = ConvEncoder(obs_shape, arch, [64], "elu", normalize=True).double()
+    ref.load_state_dict(enc.state_dict())
+    ref.double()
+    first = next(m for m in enc.conv.modules() if isinstance(m, torch.nn.Conv2d))
+    seen: list[bool] = []
+    first.register_forward_pre_hook(lambda m, a: seen.append(a[0].is_contiguous(memory_format=torch.channels_last)))
+    out = enc(obs)
+    out.square().sum().backward()
+    with torch.no_grad():  # the inference path, no autograd: the layout the channel move gives
+        inference = enc(obs)
+    assert seen == [True, obs_shape[-1] == 3], seen
+
+    x = ref.normalizer.normalize(obs.double())
+    if ref.axis != 0:
+        x = x.movedim(ref.axis + 1, 1)
+    x = x.contiguous()  # NCHW, float64
+    want = ref.mlp(ref.conv(x).flatten(1))
+    want.square().sum().backward()
+    torch.testing.assert_close(out.double(), want, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(inference, out.detach(), rtol=1e-4, atol=1e-5)
+    first_ref = next(m for m in ref.conv.modules() if isinstance(m, torch.nn.Conv2d))
+    torch.testing.assert_close(first.weight.grad.double(), first_ref.weight.grad, rtol=1e-3, atol=1e-4)
+    assert first.weight.is_contiguous()  # the parameters keep their layout (checkpoints, DDP buckets)
