@@ -2,8 +2,10 @@
 
 For each pixel workload of ``families.py`` (its flags, so the same network): the conv stack of msf's encoder
 on a minibatch of random frames, forward and backward, in the default NCHW layout and in channels_last
-(NHWC, which oneDNN's CPU convolutions prefer). msf uses NCHW today; this measures what switching would
-give before the switch is made. Prints milliseconds per pass and the ratio, measured in this run.
+(NHWC, which oneDNN's CPU convolutions prefer). The frames are made NCHW here; msf's own Doom frames
+arrive HWC and so are NHWC in memory already, and since 2026-11-30 its learner hands the stack a
+channels_last copy on CPU (``ConvEncoder.forward``). Prints milliseconds per pass and the ratio, measured
+in this run.
 
 Usage: python benchmarks/conv_layout.py [--threads 2] [--reps 8]
 """
