@@ -14,7 +14,11 @@ The run names them as ``--env=custom_env_and_model:gridwalk`` and
 that the spawned processes can import the module.
 
 The walk is tiny, so ``main`` also sets ``--learning_rate=0.001`` (Sample Factory's default 1e-4 needs
-several times more steps here); flags given on the command line come later and win.
+several times more steps here); flags given on the command line come later and win. These flags are
+passed at every start, resumes included: resuming an experiment in which you changed one of them needs
+that flag again (msf-train warns when a resume changes a flag).
+
+Evaluate the trained policy with ``PYTHONPATH=examples msf-enjoy --experiment=custom --eval_deterministic=True``.
 """
 
 from __future__ import annotations

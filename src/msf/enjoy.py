@@ -121,6 +121,16 @@ def _policy_actions(model, obs: np.ndarray, deterministic: bool, bounds, state: 
     return a, state
 
 
+def validate_eval_args(ev: EvalArgs) -> None:
+    """Raises:
+        ConfigError: a count that would play or record nothing (the message names the flag)."""
+    for name in ("max_num_episodes", "max_num_frames", "video_frames"):
+        if getattr(ev, name) < 1:
+            raise ConfigError(f"--{name}: must be a positive integer, got {getattr(ev, name)}")
+    if ev.fps < 0:
+        raise ConfigError(f"--fps: must be >= 0 (0: the env's render_fps), got {ev.fps}")
+
+
 def evaluate(cfg: Config, ev: EvalArgs) -> dict:
     """Play the episodes; return the content of ``eval.json``.
 
@@ -250,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     ev = EvalArgs(**{f.name: ns.pop(f.name) for f in dataclasses.fields(EvalArgs)})
     cfg = Config(**ns)
     try:
+        validate_eval_args(ev)
         cfg = _load_config(cfg, given_flags(argv, ns))
         result = evaluate(cfg, ev)
     except ConfigError as e:

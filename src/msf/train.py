@@ -143,7 +143,7 @@ def _main(argv: list[str] | None) -> int:
     rm = summary["episode_return_mean"]
     print(f"Results in {os.path.abspath(exp_dir)}")
     print(f"status {summary['status']} | env frames {summary['env_frames']} | {summary['fps']:.0f} FPS | "
-          f"final episode_return_mean {'n/a' if rm is None else f'{rm:.1f}'} "
+          f"final episode_return_mean {'n/a' if rm is None else f'{rm:.2f}'} "
           f"(last {cfg.stats_avg} episodes)")
     return 1 if summary["status"] == "failed" else 0
 

@@ -165,6 +165,12 @@ def test_enjoy_bad_input_one_line_exit_2(tmp_path):
     (tmp_path / "empty" / "config.json").write_text(json.dumps(Config(env="CartPole-v1").to_dict()))
     r = run_tool("msf.enjoy", ["--experiment=empty", f"--train_dir={tmp_path}", "--env=Acrobot-v1"])
     assert r.returncode == 2 and r.stderr.strip().startswith("msf-enjoy: error: --env: the experiment 'empty' was trained with")
+    # counts that would play nothing are refused before anything is loaded, and eval.json is not touched
+    for flag, value in (("max_num_episodes", 0), ("max_num_frames", -2), ("video_frames", 0)):
+        r = run_tool("msf.enjoy", ["--experiment=empty", f"--train_dir={tmp_path}", f"--{flag}={value}"])
+        assert r.returncode == 2 and r.stderr.strip() == (
+            f"msf-enjoy: error: --{flag}: must be a positive integer, got {value}"), r.stderr
+    assert not (tmp_path / "empty" / "eval.json").exists()
 
 
 def test_plot_of_a_real_run(trained_cartpole, tmp_path):

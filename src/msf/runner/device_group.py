@@ -174,7 +174,7 @@ def run_device_group(cfg: Config, spaces: EnvSpaces, rank: RankInfo) -> dict | N
         log.info("the budget (--train_for_env_steps=%d) is already spent: nothing to do; the results of the "
                  "finished run are kept", cfg.train_for_env_steps)
         return None
-    log.info("msf %s | %s | rank %d/%d | device %s | %d rollout workers x %d envs, %d inference workers | %s",
+    log.info("msf %s | %s | rank %d/%d | device %s | %d rollout workers x %d envs, %d inference worker(s) | %s",
              msf.__version__, cfg.env, rank.rank, rank.world_size, device, group_cfg.num_workers,
              cfg.num_envs_per_worker, cfg.policy_workers_per_policy, exp_dir)
     for learner in learners:

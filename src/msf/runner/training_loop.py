@@ -443,10 +443,10 @@ class TrainingLoop:
         per_policy = ""
         if len(self.policies) > 1:
             per_policy = " | return_mean per policy " + " ".join(
-                "n/a" if ps["return_mean"] is None else f"{ps['return_mean']:.1f}" for ps in gs["policies"])
+                "n/a" if ps["return_mean"] is None else f"{ps['return_mean']:.2f}" for ps in gs["policies"])
         log.info("frames %d | fps %.0f (10 s) %.0f (run) | return_mean %s | policy_lag mean %.1f max %.0f | "
                  "waiting: rollout %.0f%% inference %.0f%% learner %.0f%% | train_step %d | dropped %d%s%s",
-                 self.frames, recent, total, "n/a" if rm is None else f"{rm:.1f}", gs["lag_mean"], gs["lag_max"],
+                 self.frames, recent, total, "n/a" if rm is None else f"{rm:.2f}", gs["lag_mean"], gs["lag_max"],
                  *(100 * v for v in waits.values()), self.learner.train_step, self.c.dropped_trajectories, per_rank,
                  per_policy)
         for p in range(len(self.policies)):
