@@ -70,6 +70,8 @@ class ConvEncoder(nn.Module):
     images) each element of the image (pixel, channel, stacked frame) is then normalised by its own running
     mean and variance and clipped to ``[-5, 5]``: constant background becomes 0 and the few pixels that move
     (a ball, a paddle) stand out. The statistics are updated by the learner (:meth:`update_normalizers`).
+    On a CPU with autograd on (the learner's passes) the conv stack gets its input in channels_last memory,
+    which oneDNN runs faster; the values and the parameters' layout are those of the NCHW computation.
 
     Raises:
         ValueError: the image is too small for the architecture (the message says which fits).
@@ -114,7 +116,7 @@ class ConvEncoder(nn.Module):
         if x.device.type == "cpu" and torch.is_grad_enabled():
             # the learner's passes: oneDNN's convolutions run forward + backward 1.4x faster on Pong's
             # minibatches in channels_last (NHWC) than in NCHW on a CPU, while the small batches of
-            # inference are 5-15% slower in NHWC (benchmarks/conv_layout.py). Only the activations' memory
+            # inference are 5-15% slower in NHWC (benchmarks/README.md, 2026-11-30, fifth session). Only the activations' memory
             # layout changes: same values up to float rounding, parameters and checkpoints as they were.
             x = x.contiguous(memory_format=torch.channels_last)
         return self.mlp(self.conv(x).flatten(1))
