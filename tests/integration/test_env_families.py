@@ -116,6 +116,27 @@ def test_unknown_family_members_are_refused(tmp_path):
     assert r.returncode == 2 and "--encoder_conv_architecture:" in r.stderr and "resnet_impala" in r.stderr
 
 
+def test_doom_makes_its_folder_before_any_engine_starts(tmp_path, monkeypatch):
+    """ViZDoom's engine creates ./_vizdoom/ at its first reset; two engines starting together in a fresh
+    directory raced for it and the loser died with SIGSEGV (a CI failure). Making the env creates it first."""
+    _skip_without_extra("doom_basic")
+    monkeypatch.chdir(tmp_path)
+    env = make_env("doom_basic", env_config_of(Config()))
+    try:
+        assert (tmp_path / "_vizdoom").is_dir()  # before any engine ran: no reset yet
+        env.reset(seed=0)
+        obs, *_ = env.step(0)
+        assert obs.shape == (72, 128, 3)
+    finally:
+        env.close()
+    # a file in its place would crash the engine: refused with the path and what to do
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    (tmp_path / "elsewhere" / "_vizdoom").write_text("")
+    with pytest.raises(ConfigError, match=r"_vizdoom' is not a folder; ViZDoom keeps its files .* remove or rename"):
+        make_env("doom_basic", env_config_of(Config()))
+
+
 @pytest.mark.slow
 def test_learner_threads_are_chosen_once_from_the_measured_load(train_dir):
     """--learner_threads=0: 30 s in, the learner sets its threads once from its workers' measured waiting,

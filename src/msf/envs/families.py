@@ -124,10 +124,33 @@ def make_doom(name: str, env_config: dict[str, Any]) -> gym.Env:
     if scenario not in DOOM:
         raise ConfigError(f"--env: unknown doom scenario {scenario!r}; valid: "
                           + ", ".join(f"doom_{k}" for k in DOOM))
+    _vizdoom_folder()
     env = gym.make(DOOM[scenario], frame_skip=4, render_mode=env_config.get("render_mode"))
     screen = env.observation_space["screen"]
     env = gym.wrappers.TransformObservation(env, lambda o: o["screen"], screen)
     return gym.wrappers.ResizeObservation(env, DOOM_RESOLUTION)
+
+
+def _vizdoom_folder() -> None:
+    """Create ``./_vizdoom/`` in the working directory before any ViZDoom engine starts.
+
+    The engine (at its first ``reset``) checks for that folder and creates it when missing; two engines
+    starting together in a fresh directory can both find it missing, and the loser's ``mkdir`` fails
+    ("Failed to create ./_vizdoom/ directory: File exists") and its process dies with SIGSEGV. Every
+    env creates the folder here first, so no engine ever needs to.
+
+    Raises:
+        ConfigError: ``./_vizdoom`` exists and is not a folder (the engine would crash on it).
+    """
+    import os
+
+    try:
+        os.makedirs("_vizdoom", exist_ok=True)
+    except FileExistsError:
+        raise ConfigError(f"--env: {os.path.abspath('_vizdoom')!r} is not a folder; ViZDoom keeps its files "
+                          "in ./_vizdoom/ of the working directory: remove or rename it") from None
+    except OSError:
+        pass  # a read-only working directory: the engine reports that itself
 
 
 def make_mujoco(name: str, env_config: dict[str, Any]) -> gym.Env:
