@@ -13,6 +13,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
+from msf.envs import register_env
+
 
 class FailingCartPole(CartPoleEnv):
     """CartPole that raises ``RuntimeError`` once ``MSF_TEST_FAIL_AFTER_S`` seconds (default 4) have
@@ -54,6 +56,32 @@ class FailOnceCartPole(CartPoleEnv):
 
 
 gym.register("MsfFailOnceCartPole-v0", entry_point=FailOnceCartPole, max_episode_steps=500)
+
+
+class CrashingCartPole(CartPoleEnv):
+    """CartPole whose process dies by SIGSEGV (as a crash in an env's native code does, with no Python
+    exception to report) once ``MSF_TEST_FAIL_AFTER_S`` seconds (default 4) have passed, in rollout worker
+    0 only."""
+
+    def __init__(self, worker_index: int = 0, **kwargs):
+        super().__init__(**kwargs)
+        self.fail_at = time.monotonic() + float(os.environ.get("MSF_TEST_FAIL_AFTER_S", "4"))
+        self.crashes = worker_index == 0
+
+    def step(self, action):
+        if self.crashes and time.monotonic() > self.fail_at:
+            import signal
+
+            signal.signal(signal.SIGSEGV, signal.SIG_DFL)  # faulthandler would print a traceback first
+            os.kill(os.getpid(), signal.SIGSEGV)
+        return super().step(action)
+
+
+def _make_crashing(name, env_config):
+    return gym.wrappers.TimeLimit(CrashingCartPole(worker_index=env_config["worker_index"]), 500)
+
+
+register_env("MsfCrashingCartPole", _make_crashing)  # an msf registration: the maker sees worker_index
 
 
 class CueMemory(gym.Env):

@@ -56,6 +56,22 @@ def test_env_failure_ends_run_and_keeps_checkpoint(train_dir):
     assert state["env_steps"] > 0
 
 
+def test_a_crash_in_native_code_is_named_as_the_cause(train_dir):
+    """A rollout worker killed by SIGSEGV reports nothing; its inference worker then fails on the closed
+    pipe. The error names the crashed worker and the signal first, and the checkpoints survive."""
+    exp = train_dir / "crash"
+    r = run_msf(["--env=msf_test_envs:MsfCrashingCartPole", "--experiment=crash", f"--train_dir={train_dir}",
+                 "--num_workers=2", "--num_envs_per_worker=4", "--batch_size=256", "--save_every_sec=1",
+                 "--encoder_mlp_layers", "32"], timeout=90)
+    assert r.returncode == 1, r.stderr[-3000:]
+    log = (exp / "log.txt").read_text()
+    assert "rollout_worker_0 (pid " in log and ") was killed by signal SIGSEGV" in log, log[-3000:]
+    error = [ln for ln in log.splitlines() if "ERROR run failed:" in ln][0]
+    assert "rollout_worker_0" in error and "SIGSEGV" in error  # named first, on the error's own line
+    assert read_summary(train_dir, "crash")["status"] == "failed"
+    assert sorted((exp / "checkpoint_p0").glob("checkpoint_*.pth")), "the checkpoints must survive"
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_stops_cleanly_with_final_checkpoint(train_dir, sig):
     p = popen_msf(["--env=CartPole-v1", "--experiment=sig", f"--train_dir={train_dir}", "--num_workers=2",

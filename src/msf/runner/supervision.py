@@ -88,11 +88,27 @@ class ChildDied(RuntimeError):
     """A child process exited while the run was going on."""
 
 
+def describe_exit(p: mp.Process) -> str:
+    """``"exited with code N"``, or ``"was killed by signal SIGSEGV"`` for a negative exit code."""
+    if p.exitcode is not None and p.exitcode < 0:
+        try:
+            return f"was killed by signal {signal.Signals(-p.exitcode).name}"
+        except ValueError:
+            return f"was killed by signal {-p.exitcode}"
+    return f"exited with code {p.exitcode}"
+
+
 def check_children(procs: list[mp.Process]) -> None:
     """Raise :class:`ChildDied` naming the first child that is no longer alive."""
     for p in procs:
         if not p.is_alive():
-            raise ChildDied(f"{p.name} (pid {p.pid}) exited unexpectedly with code {p.exitcode}")
+            raise ChildDied(f"{p.name} (pid {p.pid}) {describe_exit(p)} unexpectedly")
+
+
+def killed_children(procs: list[mp.Process]) -> list[mp.Process]:
+    """The children that have ended by a signal (a crash in native code, the OOM killer): they could not
+    report an exception, so another child's report may be only the consequence."""
+    return [p for p in procs if not p.is_alive() and p.exitcode is not None and p.exitcode < 0]
 
 
 def stop_children(procs: list[mp.Process], timeout_s: float = 5.0) -> None:

@@ -27,7 +27,7 @@ from msf.learning.learner import Learner
 from msf.learning.published_weights import PublishedWeights
 from msf.persistence.checkpoint import BackgroundCheckpointWriter
 from msf.persistence.summaries import Progress, RecentRate, TensorBoardSummaries
-from msf.runner.supervision import ChildDied, check_children
+from msf.runner.supervision import ChildDied, check_children, describe_exit, killed_children
 from msf.sampling.affinity import auto_learner_threads, usable_cores
 from msf.sampling.messages import ComponentFailure, EpisodeStats, FullTrajectories
 from msf.sampling.trajectory_buffer import TrajectoryBuffer
@@ -157,7 +157,8 @@ class TrainingLoop:
     def _poll_children(self) -> None:
         """Raise if a child reported a failure or died. A failure brings others down with it (a
         rollout worker's death closes its pipe, which ends its inference worker): the first
-        report that arrives within a second names the root cause."""
+        report that arrives within a second names the root cause, unless a child was killed by a
+        signal (a crash in native code cannot report): that child is named first."""
         try:
             dead = None
             f: ComponentFailure = self.ch.failures.get_nowait()
@@ -171,7 +172,16 @@ class TrainingLoop:
                 f = self.ch.failures.get(timeout=1.0)
             except queue.Empty:
                 raise dead from None
-        raise ComponentFailed(f"{f.component} (pid {f.pid}) failed:\n{f.traceback}")
+        report = f"{f.component} (pid {f.pid}) failed:\n{f.traceback}"
+        killed, deadline = [], time.monotonic() + 0.5  # a crashed child's pipes close just before it can be reaped
+        while not killed and time.monotonic() < deadline:
+            killed = [p for p in killed_children(self.ch.procs) if p.pid != f.pid]
+            if not killed:
+                time.sleep(0.05)
+        if killed:
+            first = "; ".join(f"{p.name} (pid {p.pid}) {describe_exit(p)}" for p in killed)
+            report = f"{first}; then {report}"
+        raise ComponentFailed(report)
 
     def _drain_stats(self) -> None:
         while True:
