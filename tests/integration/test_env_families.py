@@ -137,6 +137,36 @@ def test_doom_makes_its_folder_before_any_engine_starts(tmp_path, monkeypatch):
         make_env("doom_basic", env_config_of(Config()))
 
 
+@pytest.mark.parametrize("flags, render, shape", [
+    ({}, (160, 120), (72, 128, 3)),  # Sample Factory's render and resize
+    ({"wide_aspect_ratio": True}, (256, 144), (72, 128, 3)),
+    ({"res_w": 160, "res_h": 120}, (160, 120), (120, 160, 3)),  # no resize needed
+])
+def test_doom_renders_at_sample_factorys_resolution(tmp_path, monkeypatch, flags, render, shape):
+    import dataclasses
+
+    _skip_without_extra("doom_basic")
+    monkeypatch.chdir(tmp_path)
+    cfg = dataclasses.replace(Config(), **flags)
+    env = make_env("doom_basic", env_config_of(cfg))
+    try:
+        obs, _ = env.reset(seed=0)
+        game = env.unwrapped.game
+        assert (game.get_screen_width(), game.get_screen_height()) == render
+        assert obs.shape == env.observation_space.shape == shape and obs.dtype == np.uint8
+        # the observation is the engine's screen, resized by area averaging (float64 reference of a 2x2 box
+        # filter where the render is exactly twice the observation in each direction)
+        screen = game.get_state().screen_buffer  # [H, W, 3] RGB24
+        if render == (2 * shape[1], 2 * shape[0]):
+            ref = screen.astype(np.float64).reshape(shape[0], 2, shape[1], 2, 3).mean(axis=(1, 3))
+            assert np.abs(obs - ref).max() <= 1.0
+        elif render == shape[1::-1]:
+            np.testing.assert_array_equal(obs, screen)
+    finally:
+        env.close()
+    assert env_spaces("doom_basic", env_config_of(cfg)).obs_shape == shape
+
+
 @pytest.mark.slow
 def test_learner_threads_are_chosen_once_from_the_measured_load(train_dir):
     """--learner_threads=0: 30 s in, the learner sets its threads once from its workers' measured waiting,

@@ -70,6 +70,9 @@ class Config:
     env_backend: str = _f("gymnasium", "How rollout workers step their envs: gymnasium (one env object each, a Python loop) or envpool (one EnvPool per split of a worker, one C++ call; atari_* and mujoco_*, extra [envpool])", SAMPLING, ("gymnasium", "envpool"))
     atari_sticky_actions: bool = _f(False, "atari_*: sticky actions (the previous action repeats with probability 0.25, Machado et al. 2018)", SAMPLING)
     atari_full_action_space: bool = _f(False, "atari_*: the full set of 18 actions instead of the game's minimal set", SAMPLING)
+    res_w: int = _f(128, "doom_*: width of the observation after the resize, in pixels (Sample Factory's flag)", SAMPLING)
+    res_h: int = _f(72, "doom_*: height of the observation after the resize, in pixels (Sample Factory's flag)", SAMPLING)
+    wide_aspect_ratio: bool = _f(False, "doom_*: the engine renders at 256x144 (a wider field of view, slower) instead of 160x120, before the resize to res_w x res_h (Sample Factory's flag and resolutions)", SAMPLING)
     unity_env_path: str | None = _f(None, "unity_*: the executable of a built Unity ML-Agents scene (one Unity process per env, ports by env index)", SAMPLING)
     summaries_use_frameskip: bool = _f(True, "Count env frames (steps x frameskip) in the step budget, the curves' x-axis and FPS", SAMPLING)
 

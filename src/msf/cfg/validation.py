@@ -41,7 +41,7 @@ def validate(cfg: Config) -> None:
     for name in ("num_workers", "num_envs_per_worker", "worker_num_splits", "policy_workers_per_policy",
                  "rollout", "batch_size", "num_batches_per_epoch", "num_epochs", "env_frameskip",
                  "keep_checkpoints", "stats_avg", "train_for_env_steps", "train_for_seconds",
-                 "num_batches_to_accumulate"):
+                 "num_batches_to_accumulate", "res_w", "res_h"):
         v = getattr(cfg, name)
         _check(v >= 1, name, f"must be a positive integer, got {v}")
     _check(1 <= cfg.num_policies <= 64, "num_policies", f"must be in [1, 64], got {cfg.num_policies}")

@@ -33,7 +33,7 @@ DOOM = {"basic": "VizdoomBasic-v1", "defend_the_center": "VizdoomDefendCenter-v1
         "deadly_corridor": "VizdoomDeadlyCorridor-v1", "take_cover": "VizdoomTakeCover-v1",
         "predict_position": "VizdoomPredictPosition-v1", "deathmatch": "VizdoomDeathmatch-v1"}
 
-DOOM_RESOLUTION = (72, 128)  # height, width: Sample Factory's doom observations
+DOOM_RESOLUTION = (72, 128)  # height, width: Sample Factory's doom observations (--res_h, --res_w)
 
 EXTRAS = {"atari_": ("atari", ("ale_py", "cv2")), "doom_": ("vizdoom", ("vizdoom", "cv2")),
           "mujoco_": ("mujoco", ("mujoco",)), "MiniGrid-": ("minigrid", ("minigrid",)),
@@ -116,8 +116,13 @@ def make_atari(name: str, env_config: dict[str, Any]) -> gym.Env:
 
 
 def make_doom(name: str, env_config: dict[str, Any]) -> gym.Env:
-    """``doom_<scenario>`` (the scenarios the vizdoom package ships): the screen only, resized to 128x72
-    RGB ``[72, 128, 3]`` uint8, 4 frames per step (the action repeated)."""
+    """``doom_<scenario>`` (the scenarios the vizdoom package ships): the screen only, rendered at 160x120
+    (``wide_aspect_ratio``: 256x144) as Sample Factory renders it, resized to ``res_w`` x ``res_h`` (128x72)
+    RGB ``[res_h, res_w, 3]`` uint8; 4 frames per step (the action repeated).
+
+    The scenarios' own configs render at 320x240: four times the pixels for the same observation, and 2.3x
+    the engine's time per step on this machine's cores (5,300 against 12,300 frames/s on one core).
+    """
     from vizdoom import gymnasium_wrapper  # noqa: F401 - registers the Vizdoom* ids
 
     scenario = name[len("doom_"):]
@@ -125,10 +130,13 @@ def make_doom(name: str, env_config: dict[str, Any]) -> gym.Env:
         raise ConfigError(f"--env: unknown doom scenario {scenario!r}; valid: "
                           + ", ".join(f"doom_{k}" for k in DOOM))
     _vizdoom_folder()
-    env = gym.make(DOOM[scenario], frame_skip=4, render_mode=env_config.get("render_mode"))
+    wide = bool(env_config.get("wide_aspect_ratio", False))
+    env = gym.make(DOOM[scenario], frame_skip=4, render_mode=env_config.get("render_mode"),
+                   screen_resolution="RES_256X144" if wide else "RES_160X120")
     screen = env.observation_space["screen"]
     env = gym.wrappers.TransformObservation(env, lambda o: o["screen"], screen)
-    return gym.wrappers.ResizeObservation(env, DOOM_RESOLUTION)
+    size = (int(env_config.get("res_h", DOOM_RESOLUTION[0])), int(env_config.get("res_w", DOOM_RESOLUTION[1])))
+    return env if size == screen.shape[:2] else gym.wrappers.ResizeObservation(env, size)
 
 
 def _vizdoom_folder() -> None:

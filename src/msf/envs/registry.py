@@ -55,7 +55,8 @@ def env_config_of(cfg: Any, worker_index: int = 0, env_index: int = 0, seed: int
     """The ``env_config`` every env maker receives: its indices and seed, and the env flags of ``cfg``."""
     return {"worker_index": worker_index, "env_index": env_index, "seed": seed,
             "atari_sticky_actions": cfg.atari_sticky_actions, "atari_full_action_space": cfg.atari_full_action_space,
-            "unity_env_path": getattr(cfg, "unity_env_path", None), **extra}
+            "unity_env_path": getattr(cfg, "unity_env_path", None), "res_w": cfg.res_w, "res_h": cfg.res_h,
+            "wide_aspect_ratio": cfg.wide_aspect_ratio, **extra}
 
 
 class MultiAgentFlatten(gym.Wrapper):
