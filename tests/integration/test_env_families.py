@@ -56,6 +56,12 @@ def test_family_trains_end_to_end(train_dir, env, shape, dtype, discrete, frames
     cores = sorted(os.sched_getaffinity(0))
     for w in range(2):  # the workers log to the console (stderr)
         assert f"rollout worker {w} uses CPU cores [{cores[w % len(cores)]}]" in r.stderr, r.stderr[-3000:]
+    # Sample Factory's niceness: the learner as started (--default_niceness=0), inference +2, rollout workers +10
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    assert f"learner runs at niceness {base}" in r.stderr
+    assert f"inference worker of policy 0 runs at niceness {min(19, base + 2)}" in r.stderr
+    for w in range(2):
+        assert f"rollout worker {w} runs at niceness {min(19, base + 10)}" in r.stderr
     # and the plan is in the run's log.txt
     plan = ", ".join(f"{w}: [{cores[w % len(cores)]}]" for w in range(2))
     assert f"rollout workers pinned to CPU cores: {plan}" in (train_dir / "fam" / "log.txt").read_text()

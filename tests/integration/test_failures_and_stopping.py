@@ -38,6 +38,23 @@ def test_bad_input_one_line_exit_2(tmp_path, flag, expected):
     assert time.monotonic() - t0 < 30
 
 
+def test_default_niceness_sets_the_learner_and_the_workers_follow(train_dir):
+    """--default_niceness=4 in a run started at niceness 1: learner 4, inference worker 6, rollout workers 14
+    (Sample Factory's offsets), each as the process reads it back from the OS."""
+    import os
+
+    if os.getpriority(os.PRIO_PROCESS, 0) > 0:
+        pytest.skip("this test process already runs niced")
+    r = run_msf(["--env=CartPole-v1", "--experiment=nice", f"--train_dir={train_dir}", "--num_workers=2",
+                 "--default_niceness=4", "--train_for_env_steps=3000", "--encoder_mlp_layers", "32"], timeout=90,
+                preexec_fn=lambda: os.nice(1))
+    assert r.returncode == 0, r.stderr[-3000:]
+    log = (train_dir / "nice" / "log.txt").read_text()
+    assert "learner runs at niceness 4" in log
+    assert "inference worker of policy 0 runs at niceness 6" in r.stderr
+    assert all(f"rollout worker {w} runs at niceness 14" in r.stderr for w in range(2)), r.stderr[-3000:]
+
+
 def test_env_failure_ends_run_and_keeps_checkpoint(train_dir):
     exp = train_dir / "fail"
     t0 = time.monotonic()

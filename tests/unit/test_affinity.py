@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from msf.sampling.affinity import (auto_learner_threads, learner_threads, pin_this_process, usable_cores,
-                                   worker_cores)
+from msf.sampling.affinity import (auto_learner_threads, learner_threads, pin_this_process, raise_niceness,
+                                   set_learner_niceness, usable_cores, worker_cores)
 
 
 def test_workers_spread_evenly_are_pinned_round_robin():
@@ -46,6 +46,36 @@ def test_pinning_restricts_the_process_as_the_os_reports_it():
     assert q.get(timeout=60) == [core]
     p.join(30)
     assert pin_this_process(None) is None
+
+
+def _niceness_child(q) -> None:
+    start = os.getpriority(os.PRIO_PROCESS, 0)
+    out = [start, raise_niceness(3), os.getpriority(os.PRIO_PROCESS, 0)]
+    out.append(set_learner_niceness(start + 5))  # raising: always allowed
+    out.append(os.getpriority(os.PRIO_PROCESS, 0))
+    out.append(set_learner_niceness(start))  # lowering: needs CAP_SYS_NICE (root has it)
+    out.append(os.getpriority(os.PRIO_PROCESS, 0))
+    out.append(raise_niceness(100))  # the kernel caps it at 19
+    q.put(out)
+
+
+@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="no setpriority on this platform")
+def test_niceness_is_raised_by_offsets_and_lowered_only_with_privileges():
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_niceness_child, args=(q,))
+    p.start()
+    start, raised, seen, why_up, after_up, why_down, after_down, capped = q.get(timeout=60)
+    p.join(30)
+    if start > 14:
+        pytest.skip(f"this test process already runs at niceness {start}")
+    assert raised == seen == start + 3
+    assert why_up is None and after_up == start + 5
+    if why_down is None:  # privileged (root in CI containers)
+        assert after_down == start
+    else:
+        assert after_down == start + 5 and "needs privileges (CAP_SYS_NICE)" in why_down
+    assert capped == 19
 
 
 @pytest.mark.parametrize("flag, workers, inference, nproc, cores, want", [

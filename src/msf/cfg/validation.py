@@ -37,6 +37,7 @@ def validate(cfg: Config) -> None:
     _check(0 <= cfg.master_port < 65536, "master_port", f"must be a TCP port in [0, 65535], got {cfg.master_port}")
     _check(cfg.dist_timeout >= 1, "dist_timeout", f"must be a positive number of seconds, got {cfg.dist_timeout}")
     _check(cfg.ddp_check_interval >= 0, "ddp_check_interval", f"must not be negative, got {cfg.ddp_check_interval}")
+    _check(-20 <= cfg.default_niceness <= 19, "default_niceness", f"must be in [-20, 19] (Linux niceness), got {cfg.default_niceness}")
     _check(cfg.learner_threads >= 0, "learner_threads", f"must be 0 (automatic) or a number of threads, got {cfg.learner_threads}")
     for name in ("num_workers", "num_envs_per_worker", "worker_num_splits", "policy_workers_per_policy",
                  "rollout", "batch_size", "num_batches_per_epoch", "num_epochs", "env_frameskip",

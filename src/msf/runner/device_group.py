@@ -41,7 +41,7 @@ from msf.runner.experiment import experiment_dir
 from msf.runner.supervision import CTX, spawn, stop_children, use_quiet_executable
 from msf.runner.training_loop import Channels, Counters, PolicyCounters, TrainingLoop
 from msf.sampling.inference_worker import inference_worker_main
-from msf.sampling.affinity import learner_threads, usable_cores, worker_cores
+from msf.sampling.affinity import learner_threads, set_learner_niceness, usable_cores, worker_cores
 from msf.sampling.rollout_worker import rollout_worker_main
 from msf.sampling.trajectory_buffer import TrajectoryBuffer
 
@@ -129,6 +129,12 @@ def run_device_group(cfg: Config, spaces: EnvSpaces, rank: RankInfo) -> dict | N
     device = f"cuda:{rank.local_rank}" if cfg.device == "gpu" else "cpu"
     torch.manual_seed(cfg.seed)  # the same on every replica; DDP also broadcasts rank 0's weights
     P = cfg.num_policies
+    if cfg.default_niceness != 0:  # before the workers are spawned: they inherit it and add their offsets
+        why = set_learner_niceness(cfg.default_niceness)
+        if why:
+            log.warning(why)
+    if hasattr(os, "getpriority"):
+        log.info("learner runs at niceness %d", os.getpriority(os.PRIO_PROCESS, 0))
     torch.set_num_threads(learner_threads(cfg.learner_threads, cfg.num_workers,
                                           cfg.policy_workers_per_policy * P * rank.nproc_per_node,
                                           rank.nproc_per_node, len(usable_cores())))

@@ -24,6 +24,7 @@ from msf.envs.registry import EnvSpaces
 from msf.learning.published_weights import PublishedWeights
 from msf.model.actor_critic import ActorCritic
 from msf.runner.supervision import parent_alive
+from msf.sampling.affinity import INFERENCE_NICENESS, raise_niceness
 from msf.sampling.trajectory_buffer import TrajectoryBuffer
 
 log = logging.getLogger("msf")
@@ -119,4 +120,6 @@ class InferenceWorker:
 def inference_worker_main(*args: Any) -> None:
     """Process entry point (see :class:`InferenceWorker` for the arguments)."""
     torch.set_num_threads(1)
+    if args[0].num_workers > 1:
+        log.info("inference worker of policy %d runs at niceness %d", args[4], raise_niceness(INFERENCE_NICENESS))
     InferenceWorker(*args).run()

@@ -19,7 +19,7 @@ import torch
 
 from msf.cfg.config import Config, Derived
 from msf.envs.vector import make_split
-from msf.sampling.affinity import pin_this_process
+from msf.sampling.affinity import ROLLOUT_NICENESS, pin_this_process, raise_niceness
 from msf.sampling.messages import EpisodeStats, FullTrajectories
 from msf.sampling.trajectory_buffer import TrajectoryBuffer
 from msf.runner.supervision import parent_alive
@@ -237,5 +237,7 @@ def rollout_worker_main(cores: list[int] | None, *args: Any) -> None:
     pinned = pin_this_process(cores)
     if pinned is not None:
         log.info("rollout worker %d uses CPU cores %s", args[2], pinned)
+    if args[0].num_workers > 1:  # the envs it starts (ViZDoom's engine processes) inherit the niceness
+        log.info("rollout worker %d runs at niceness %d", args[2], raise_niceness(ROLLOUT_NICENESS))
     torch.set_num_threads(1)
     RolloutWorker(*args).run()
