@@ -187,3 +187,28 @@ def test_learner_passes_in_channels_last_equal_a_float64_nchw_reference(arch, ob
     first_ref = next(m for m in ref.conv.modules() if isinstance(m, torch.nn.Conv2d))
     torch.testing.assert_close(first.weight.grad.double(), first_ref.weight.grad, rtol=1e-3, atol=1e-4)
     assert first.weight.is_contiguous()  # the parameters keep their layout (checkpoints, DDP buckets)
+
+
+@pytest.mark.parametrize("activation", ["elu", "relu", "tanh"])
+@pytest.mark.parametrize("architecture", ["convnet_simple", "convnet_atari"])
+def test_in_place_activations_give_the_out_of_place_values_and_gradients(architecture, activation):
+    """The conv stacks apply ELU/ReLU in place (a convolution's backward needs its input, not its output):
+    outputs and gradients equal those of fresh out-of-place activations, in float64."""
+    from msf.model.encoders import ACTIVATIONS, conv_layers
+
+    torch.manual_seed(0)
+    stack = conv_layers(architecture, 3, activation).double()
+    assert any(getattr(m, "inplace", False) for m in stack) == (activation != "tanh")
+    ref = torch.nn.Sequential(*[m if isinstance(m, torch.nn.Conv2d) else ACTIVATIONS[activation]() for m in stack])
+    x = torch.randn(5, 3, 84, 84, dtype=torch.float64)
+    x1, x2 = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    y1, y2 = stack(x1), ref(x2)
+    w = torch.randn_like(y1)
+    (y1 * w).sum().backward()
+    g1 = [p.grad.clone() for p in stack.parameters()]
+    stack.zero_grad()
+    (y2 * w).sum().backward()
+    torch.testing.assert_close(y1, y2, rtol=0, atol=0)
+    torch.testing.assert_close(x1.grad, x2.grad, rtol=1e-12, atol=1e-12)
+    for a, p in zip(g1, ref.parameters()):
+        torch.testing.assert_close(a, p.grad, rtol=1e-12, atol=1e-12)

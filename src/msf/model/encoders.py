@@ -27,6 +27,12 @@ def channel_axis(shape: tuple[int, ...]) -> int:
     return min(range(3), key=lambda i: (shape[i], i))
 
 
+def _in_place(activation: str) -> nn.Module:
+    """``activation`` computed in place where torch offers it (ELU, ReLU; not Tanh)."""
+    act = ACTIVATIONS[activation]
+    return act(inplace=True) if activation in ("elu", "relu") else act()
+
+
 class _ResidualBlock(nn.Module):
     def __init__(self, channels: int, activation: str):
         super().__init__()
@@ -50,8 +56,11 @@ def conv_layers(architecture: str, in_channels: int, activation: str) -> nn.Sequ
     if architecture in ("convnet_simple", "convnet_atari"):
         last = 128 if architecture == "convnet_simple" else 64
         last_stride = 2 if architecture == "convnet_simple" else 1
-        return nn.Sequential(nn.Conv2d(in_channels, 32, 8, stride=4), act(), nn.Conv2d(32, 64, 4, stride=2), act(),
-                             nn.Conv2d(64, last, 3, stride=last_stride), act())
+        # in place: a convolution's backward needs its input, not its output, so the activation may overwrite
+        # it (one buffer less per layer; ELU's backward then works from its result)
+        return nn.Sequential(nn.Conv2d(in_channels, 32, 8, stride=4), _in_place(activation),
+                             nn.Conv2d(32, 64, 4, stride=2), _in_place(activation),
+                             nn.Conv2d(64, last, 3, stride=last_stride), _in_place(activation))
     if architecture == "resnet_impala":
         mods: list[nn.Module] = []
         c = in_channels
