@@ -17,7 +17,6 @@ import os
 import time
 
 import torch
-
 from families import WORKLOADS
 
 
@@ -33,8 +32,11 @@ def conv_stack(flags: list[str]) -> tuple[torch.nn.Module, tuple[int, ...]]:
     cfg = apply_family_defaults(cfg, given)
     spaces = env_spaces(cfg.env, env_config_of(cfg))
     model = ActorCritic(cfg, spaces)
-    seq = next(m for m in model.modules()
-               if isinstance(m, torch.nn.Sequential) and any(isinstance(c, torch.nn.Conv2d) for c in m.children()))
+    seq = next(
+        m
+        for m in model.modules()
+        if isinstance(m, torch.nn.Sequential) and any(isinstance(c, torch.nn.Conv2d) for c in m.children())
+    )
     first = next(c for c in seq.modules() if isinstance(c, torch.nn.Conv2d))
     shape = spaces.obs_shape
     chw = shape if shape[0] == first.in_channels else (shape[-1], *shape[:-1])
@@ -63,10 +65,13 @@ def main() -> None:
         seq, chw = conv_stack(flags)
         x = torch.rand(batch, *chw, generator=torch.Generator().manual_seed(0))
         nchw = ms_per_pass(seq, x, a.reps)
-        nhwc = ms_per_pass(seq.to(memory_format=torch.channels_last),
-                           x.contiguous(memory_format=torch.channels_last), a.reps)
-        print(f"| {name} | {batch} x {'x'.join(map(str, chw))} | {nchw:.0f} | {nhwc:.0f} | {nchw / nhwc:.2f} |",
-              flush=True)
+        nhwc = ms_per_pass(
+            seq.to(memory_format=torch.channels_last), x.contiguous(memory_format=torch.channels_last), a.reps
+        )
+        print(
+            f"| {name} | {batch} x {'x'.join(map(str, chw))} | {nchw:.0f} | {nhwc:.0f} | {nchw / nhwc:.2f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -42,16 +42,41 @@ import time
 PEERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "peers")
 
 WORKLOADS = {
-    "atari_pong": ["--env=atari_pong", "--num_workers=2", "--num_envs_per_worker=4", "--encoder_conv_architecture=convnet_atari",
-                   "--nonlinearity=relu", "--exploration_loss_coeff=0.01", "--batch_size=256", "--rollout=128",
-                   "--max_grad_norm=0.5", "--num_epochs=4", "--num_batches_per_epoch=4", "--learning_rate=0.00025",
-                   "--lr_schedule=linear_decay", "--adam_eps=1e-5", "--seed=0"],
-    "doom_basic": ["--env=doom_basic", "--num_workers=2", "--num_envs_per_worker=8", "--use_rnn=True", "--rnn_size=512",
-                   "--batch_size=1024", "--rollout=32", "--ppo_clip_value=0.2", "--exploration_loss_coeff=0.001",
-                   "--exploration_loss=symmetric_kl",
-                   "--seed=0"],
+    "atari_pong": [
+        "--env=atari_pong",
+        "--num_workers=2",
+        "--num_envs_per_worker=4",
+        "--encoder_conv_architecture=convnet_atari",
+        "--nonlinearity=relu",
+        "--exploration_loss_coeff=0.01",
+        "--batch_size=256",
+        "--rollout=128",
+        "--max_grad_norm=0.5",
+        "--num_epochs=4",
+        "--num_batches_per_epoch=4",
+        "--learning_rate=0.00025",
+        "--lr_schedule=linear_decay",
+        "--adam_eps=1e-5",
+        "--seed=0",
+    ],
+    "doom_basic": [
+        "--env=doom_basic",
+        "--num_workers=2",
+        "--num_envs_per_worker=8",
+        "--use_rnn=True",
+        "--rnn_size=512",
+        "--batch_size=1024",
+        "--rollout=32",
+        "--ppo_clip_value=0.2",
+        "--exploration_loss_coeff=0.001",
+        "--exploration_loss=symmetric_kl",
+        "--seed=0",
+    ],
 }
-SF2_ENTRY = {"atari_pong": [os.path.join(PEERS, "sf_atari_ale.py")], "doom_basic": ["-m", "sf_examples.vizdoom.train_vizdoom"]}
+SF2_ENTRY = {
+    "atari_pong": [os.path.join(PEERS, "sf_atari_ale.py")],
+    "doom_basic": ["-m", "sf_examples.vizdoom.train_vizdoom"],
+}
 MSF_STATUS = re.compile(r"frames (\d+) \| fps (\d+) \(10 s\).*? return_mean (n/a|-?[\d.]+)")
 SF2_STATUS = re.compile(r"Fps is \(10 sec: ([\d.na]+),.*Total num frames: (\d+)")
 SF2_REWARD = re.compile(r"Avg episode reward: \[\(0, '(-?[\d.]+)'\)\]")
@@ -61,8 +86,9 @@ def _run(cmd: list[str], parse, seconds: float, cwd: str) -> tuple[list[tuple], 
     """Run ``cmd`` (its own session) until it exits or ``seconds`` pass; ``parse(line, t)`` collects rows."""
     rows: list[tuple] = []
     t0 = time.time()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd,
-                         start_new_session=True)
+    p = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd, start_new_session=True
+    )
     try:
         for line in p.stdout:
             row = parse(line, time.time() - t0)
@@ -93,9 +119,20 @@ def run_msf(name: str, seconds: float, frames: int | None, extra: list[str] = ()
 
     with tempfile.TemporaryDirectory() as td:
         budget = [f"--train_for_env_steps={frames}"] if frames else [f"--train_for_seconds={int(seconds)}"]
-        cmd = [sys.executable, "-m", "msf.train", *WORKLOADS[name], "--device=cpu", *extra, "--experiment=bench",
-               f"--train_dir={td}", *budget,
-               "--experiment_summaries_interval=5", "--with_progress_bar=False", "--restart_behavior=overwrite"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "msf.train",
+            *WORKLOADS[name],
+            "--device=cpu",
+            *extra,
+            "--experiment=bench",
+            f"--train_dir={td}",
+            *budget,
+            "--experiment_summaries_interval=5",
+            "--with_progress_bar=False",
+            "--restart_behavior=overwrite",
+        ]
         return _run(cmd, parse, seconds if not frames else 10**9, td)
 
 
@@ -119,8 +156,17 @@ def run_sf2(python: str, name: str, seconds: float, frames: int | None) -> tuple
     flags = [f for f in WORKLOADS[name] if not f.startswith("--lr_schedule")]
     with tempfile.TemporaryDirectory() as td:
         budget = [f"--train_for_env_steps={frames}"] if frames else []
-        cmd = [python, *SF2_ENTRY[name], *flags, "--device=cpu", "--experiment=bench_sf2", f"--train_dir={td}",
-               "--restart_behavior=overwrite", "--with_wandb=False", *budget]
+        cmd = [
+            python,
+            *SF2_ENTRY[name],
+            *flags,
+            "--device=cpu",
+            "--experiment=bench_sf2",
+            f"--train_dir={td}",
+            "--restart_behavior=overwrite",
+            "--with_wandb=False",
+            *budget,
+        ]
         return _run(cmd, parse, seconds if not frames else 10**9, td)
 
 
@@ -184,20 +230,35 @@ def throughput_tables(names: list[str], a: argparse.Namespace) -> None:
                 print(rows[-1], flush=True)
             rows.append((f"msf sampler, policy, no learning ({tag})", 4 * sampler_fps(flags + extra, 30.0, 15.0)))
             print(rows[-1], flush=True)
-            rows.append((f"msf training ({tag})", steady_fps(run_msf(name, a.seconds, None, extra)[0], a.warmup) or 0.0))
+            rows.append(
+                (f"msf training ({tag})", steady_fps(run_msf(name, a.seconds, None, extra)[0], a.warmup) or 0.0)
+            )
             print(rows[-1], flush=True)
             if not extra:
                 cores = len(os.sched_getaffinity(0))
-                rows.append((f"msf training, --learner_threads={cores}", steady_fps(
-                    run_msf(name, a.seconds, None, [f"--learner_threads={cores}"])[0], a.warmup) or 0.0))
+                rows.append(
+                    (
+                        f"msf training, --learner_threads={cores}",
+                        steady_fps(run_msf(name, a.seconds, None, [f"--learner_threads={cores}"])[0], a.warmup) or 0.0,
+                    )
+                )
                 print(rows[-1], flush=True)
             if not extra and not a.short:
-                rows.append(("msf training, --set_workers_cpu_affinity=False", steady_fps(
-                    run_msf(name, a.seconds, None, ["--set_workers_cpu_affinity=False"])[0], a.warmup) or 0.0))
+                rows.append(
+                    (
+                        "msf training, --set_workers_cpu_affinity=False",
+                        steady_fps(run_msf(name, a.seconds, None, ["--set_workers_cpu_affinity=False"])[0], a.warmup)
+                        or 0.0,
+                    )
+                )
                 print(rows[-1], flush=True)
         if a.sf2_python:
-            rows.append(("Sample Factory 2.1.1 training, same arguments",
-                         steady_fps(run_sf2(a.sf2_python, name, a.seconds, None)[0], a.warmup) or 0.0))
+            rows.append(
+                (
+                    "Sample Factory 2.1.1 training, same arguments",
+                    steady_fps(run_sf2(a.sf2_python, name, a.seconds, None)[0], a.warmup) or 0.0,
+                )
+            )
             print(rows[-1], flush=True)
         limit = 4 * model_limit_sps(flags, 40.0)
         rows.append(("the model's own limit (inference + learner work per sample, no envs)", limit))
@@ -205,8 +266,13 @@ def throughput_tables(names: list[str], a: argparse.Namespace) -> None:
         cores = len(os.sched_getaffinity(0))
         per_step = costs["env"] + costs["inference"] + costs["learner"]
         ceiling = 4 * 1000.0 * cores / per_step
-        rows.append((f"the CPU ceiling: {cores} cores / (env {costs['env']:.2f} + inference {costs['inference']:.2f} "
-                     f"(batch {costs['inference_batch']}) + learner {costs['learner']:.2f} core-ms per env step)", ceiling))
+        rows.append(
+            (
+                f"the CPU ceiling: {cores} cores / (env {costs['env']:.2f} + inference {costs['inference']:.2f} "
+                f"(batch {costs['inference_batch']}) + learner {costs['learner']:.2f} core-ms per env step)",
+                ceiling,
+            )
+        )
         train = dict(rows)["msf training (gymnasium)"]
         print(f"\n{name}: flags {' '.join(flags)}\n")
         print("| stage | env frames/s |\n|---|---|")
@@ -215,13 +281,20 @@ def throughput_tables(names: list[str], a: argparse.Namespace) -> None:
         sf2 = dict(rows).get("Sample Factory 2.1.1 training, same arguments")
         best_label, best = max(((k, v) for k, v in rows if k.startswith("msf training")), key=lambda kv: kv[1])
         if sf2:
-            print(f"\nmsf training / Sample Factory 2 training: {train / sf2:.2f}x (default flags), "
-                  f"{best / sf2:.2f}x ({best_label})")
-            print(f"share of the CPU ceiling: msf {train / ceiling:.2f} (default flags), {best / ceiling:.2f} "
-                  f"({best_label}), Sample Factory 2 {sf2 / ceiling:.2f}; 1.5x Sample Factory 2 would be "
-                  f"{1.5 * sf2 / ceiling:.2f}, and the ceiling is {ceiling / sf2:.2f}x Sample Factory 2")
-        print(f"msf training / the model's own limit: {train / limit:.2f} (default flags), {best / limit:.2f} "
-              f"({best_label})", flush=True)
+            print(
+                f"\nmsf training / Sample Factory 2 training: {train / sf2:.2f}x (default flags), "
+                f"{best / sf2:.2f}x ({best_label})"
+            )
+            print(
+                f"share of the CPU ceiling: msf {train / ceiling:.2f} (default flags), {best / ceiling:.2f} "
+                f"({best_label}), Sample Factory 2 {sf2 / ceiling:.2f}; 1.5x Sample Factory 2 would be "
+                f"{1.5 * sf2 / ceiling:.2f}, and the ceiling is {ceiling / sf2:.2f}x Sample Factory 2"
+            )
+        print(
+            f"msf training / the model's own limit: {train / limit:.2f} (default flags), {best / limit:.2f} "
+            f"({best_label})",
+            flush=True,
+        )
 
 
 def main() -> None:
@@ -232,8 +305,11 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=2_000_000)
     ap.add_argument("--sf2_python", default=None)
     ap.add_argument("--only", default=None, choices=tuple(WORKLOADS))
-    ap.add_argument("--short", action="store_true",
-                    help="throughput: leave out the pinned raw loop, the unpinned training and the EnvPool rows")
+    ap.add_argument(
+        "--short",
+        action="store_true",
+        help="throughput: leave out the pinned raw loop, the unpinned training and the EnvPool rows",
+    )
     a = ap.parse_args()
     names = [a.only] if a.only else list(WORKLOADS)
     if a.mode == "throughput":

@@ -25,7 +25,6 @@ import time
 from msf.cfg.presets import SMALL_ENV_FLAGS
 
 
-
 def first_crossing(tb_dir: str, threshold: float) -> tuple[int | None, float | None, float | None]:
     """(env step, wall time of the event, best value) of the first ``episode/return_mean`` >= threshold."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -44,16 +43,32 @@ def first_crossing(tb_dir: str, threshold: float) -> tuple[int | None, float | N
 
 def run_seed(seed: int, threshold: float, cap: float, steps: int, flags: list[str], train_dir: str) -> dict:
     exe = os.path.join(os.path.dirname(sys.executable), "msf-train")
-    cmd = [exe, "--env=CartPole-v1", f"--experiment=solve_s{seed}", f"--train_dir={train_dir}",
-           "--restart_behavior=overwrite", f"--seed={seed}", "--device=cpu", f"--train_for_seconds={int(cap)}", f"--train_for_env_steps={steps}",
-           "--experiment_summaries_interval=1", "--with_progress_bar=False", *flags]
+    cmd = [
+        exe,
+        "--env=CartPole-v1",
+        f"--experiment=solve_s{seed}",
+        f"--train_dir={train_dir}",
+        "--restart_behavior=overwrite",
+        f"--seed={seed}",
+        "--device=cpu",
+        f"--train_for_seconds={int(cap)}",
+        f"--train_for_env_steps={steps}",
+        "--experiment_summaries_interval=1",
+        "--with_progress_bar=False",
+        *flags,
+    ]
     t0 = time.time()
     subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
     step, wall, best = first_crossing(os.path.join(train_dir, f"solve_s{seed}", "tensorboard"), threshold)
     with open(os.path.join(train_dir, f"solve_s{seed}", "summary.json")) as f:
         final = json.load(f)["episode_return_mean"]
-    return {"seed": seed, "env_steps": step, "seconds": None if wall is None else wall - t0, "best": best,
-            "final": final}
+    return {
+        "seed": seed,
+        "env_steps": step,
+        "seconds": None if wall is None else wall - t0,
+        "best": best,
+        "final": final,
+    }
 
 
 def main() -> None:
@@ -73,15 +88,20 @@ def main() -> None:
             r = run_seed(s, a.threshold, a.cap, a.steps, flags, td)
             rows.append(r)
             fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
-            print(f"seed {s}: reached {a.threshold:g} at env step {fmt(r['env_steps'], 'd')}, "
-                  f"{fmt(r['seconds'], '.1f')} s from launch; mean return at the end ({a.steps} steps) "
-                  f"{fmt(r['final'], '.1f')}", flush=True)
+            print(
+                f"seed {s}: reached {a.threshold:g} at env step {fmt(r['env_steps'], 'd')}, "
+                f"{fmt(r['seconds'], '.1f')} s from launch; mean return at the end ({a.steps} steps) "
+                f"{fmt(r['final'], '.1f')}",
+                flush=True,
+            )
     finals = [r["final"] for r in rows]
     print(f"final mean return: median {statistics.median(finals):.1f}, min {min(finals):.1f}")
     solved = [r for r in rows if r["env_steps"] is not None]
     if len(solved) == len(rows):
-        print(f"median: {statistics.median(r['seconds'] for r in rows):.1f} s, "
-              f"{statistics.median(r['env_steps'] for r in rows):.0f} env steps")
+        print(
+            f"median: {statistics.median(r['seconds'] for r in rows):.1f} s, "
+            f"{statistics.median(r['env_steps'] for r in rows):.0f} env steps"
+        )
     else:
         print(f"{len(rows) - len(solved)} of {len(rows)} seeds did not reach {a.threshold:g}")
 

@@ -30,16 +30,26 @@ import time
 
 import numpy as np
 
-SF_CARTPOLE = ["--env=CartPole-v1", "--num_workers=2", "--num_envs_per_worker=20", "--policy_workers_per_policy=2",
-               "--recurrence=1", "--with_vtrace=False", "--batch_size=512", "--reward_scale=0.1", "--device=cpu"]
+SF_CARTPOLE = [
+    "--env=CartPole-v1",
+    "--num_workers=2",
+    "--num_envs_per_worker=20",
+    "--policy_workers_per_policy=2",
+    "--recurrence=1",
+    "--with_vtrace=False",
+    "--batch_size=512",
+    "--reward_scale=0.1",
+    "--device=cpu",
+]
 
 
-def _raw_env_proc(env_name: str, seconds: float, out: "mp.Queue", flags: list[str] | None = None,
-                  core: int | None = None) -> None:
+def _raw_env_proc(
+    env_name: str, seconds: float, out: "mp.Queue", flags: list[str] | None = None, core: int | None = None
+) -> None:
     """Step one env (gymnasium backend, msf's wrappers) or, with ``--env_backend=envpool`` in ``flags``,
     one EnvPool of ``--num_envs_per_worker`` envs, with random actions; put steps/s on ``out``. ``core``:
     pin this process to that CPU core first, as ``--set_workers_cpu_affinity`` pins a rollout worker."""
-    from msf.sampling.affinity import pin_this_process
+    from msf.runtime.affinity import pin_this_process
 
     pin_this_process(None if core is None else [core])
     from msf.cfg.arguments import parse_args
@@ -79,13 +89,16 @@ def _raw_env_proc(env_name: str, seconds: float, out: "mp.Queue", flags: list[st
 def raw_env_fps(env_name: str, procs: int, seconds: float, flags: list[str] | None = None, pin: bool = False) -> float:
     """(a): summed env steps/s of ``procs`` processes stepping with random actions (see :func:`_raw_env_proc`);
     ``pin``: process i runs on core i mod cores only."""
-    from msf.sampling.affinity import usable_cores
+    from msf.runtime.affinity import usable_cores
 
     cores = usable_cores()
     q: mp.Queue = mp.get_context("spawn").Queue()
-    ps = [mp.get_context("spawn").Process(target=_raw_env_proc,
-                                          args=(env_name, seconds, q, flags, cores[i % len(cores)] if pin else None))
-          for i in range(procs)]
+    ps = [
+        mp.get_context("spawn").Process(
+            target=_raw_env_proc, args=(env_name, seconds, q, flags, cores[i % len(cores)] if pin else None)
+        )
+        for i in range(procs)
+    ]
     for p in ps:
         p.start()
     rates = [q.get(timeout=seconds + 120) for _ in ps]
@@ -125,7 +138,7 @@ def model_limit_sps(flags: list[str], seconds: float) -> float:
     while time.perf_counter() - t0 < seconds or steps == 0:
         with torch.no_grad():
             for i in range(0, B * T, request):
-                policy.act(flat[i:i + request], None if states is None else states[: len(flat[i:i + request])])
+                policy.act(flat[i : i + request], None if states is None else states[: len(flat[i : i + request])])
         learner.train({k: v.clone() for k, v in batch.items()})
         steps += B * T
     return steps / (time.perf_counter() - t0)
@@ -145,7 +158,7 @@ def _core_ticks(core: int) -> tuple[int, int]:
 def _env_cost_proc(flags: list[str], seconds: float, core: int, out: "mp.Queue") -> None:
     """One rollout worker's envs alone (``--num_envs_per_worker`` of them, stepped in turn with random
     actions) in this process pinned to ``core``; puts the env steps it made on ``out``."""
-    from msf.sampling.affinity import pin_this_process
+    from msf.runtime.affinity import pin_this_process
 
     pin_this_process([core])
     from msf.cfg.arguments import parse_args
@@ -154,8 +167,10 @@ def _env_cost_proc(flags: list[str], seconds: float, core: int, out: "mp.Queue")
 
     cfg, given = parse_args(flags)
     cfg = apply_family_defaults(cfg, given)
-    envs = [make_env(cfg.env, env_config_of(cfg, worker_index=0, env_index=i, seed=i))
-            for i in range(cfg.num_envs_per_worker)]
+    envs = [
+        make_env(cfg.env, env_config_of(cfg, worker_index=0, env_index=i, seed=i))
+        for i in range(cfg.num_envs_per_worker)
+    ]
     for i, e in enumerate(envs):
         e.reset(seed=i)
     out.put("ready")
@@ -197,7 +212,7 @@ def cpu_costs(flags: list[str], seconds: float = 15.0) -> dict[str, float]:
     from msf.envs.registry import env_config_of, env_spaces
     from msf.learning.learner import Learner
     from msf.model.actor_critic import ActorCritic
-    from msf.sampling.affinity import usable_cores
+    from msf.runtime.affinity import usable_cores
 
     core = usable_cores()[-1]
     ctx = mp.get_context("spawn")
@@ -220,8 +235,11 @@ def cpu_costs(flags: list[str], seconds: float = 15.0) -> dict[str, float]:
         policy = ActorCritic(cfg, spaces).eval()
         n = cfg.num_workers * cfg.num_envs_per_worker
         g = torch.Generator().manual_seed(0)
-        obs = (torch.randint(0, 256, (n, *spaces.obs_shape), generator=g).to(torch.uint8)
-               if spaces.obs_dtype == np.uint8 else torch.randn(n, *spaces.obs_shape, generator=g))
+        obs = (
+            torch.randint(0, 256, (n, *spaces.obs_shape), generator=g).to(torch.uint8)
+            if spaces.obs_dtype == np.uint8
+            else torch.randn(n, *spaces.obs_shape, generator=g)
+        )
         states = torch.zeros(n, derived.rnn_state_size) if derived.rnn_state_size else None
         with torch.inference_mode():
             for _ in range(3):
@@ -242,8 +260,13 @@ def cpu_costs(flags: list[str], seconds: float = 15.0) -> dict[str, float]:
         learner_ms = 1000.0 * (time.perf_counter() - t) / (k * B * T)
     finally:
         torch.set_num_threads(threads)
-    return {"env": env_ms, "inference": inference_ms, "learner": learner_ms, "inference_batch": n,
-            "env_core_busy": (b1 - b0) / max(t1 - t0, 1)}
+    return {
+        "env": env_ms,
+        "inference": inference_ms,
+        "learner": learner_ms,
+        "inference_batch": n,
+        "env_core_busy": (b1 - b0) / max(t1 - t0, 1),
+    }
 
 
 def _random_batch(cfg, derived, spaces) -> dict:
@@ -252,14 +275,32 @@ def _random_batch(cfg, derived, spaces) -> dict:
 
     B, T = derived.trajectories_per_iteration, cfg.rollout
     g = torch.Generator().manual_seed(0)
-    obs = (torch.randint(0, 256, (B, T + 1, *spaces.obs_shape), generator=g).to(torch.uint8)
-           if spaces.obs_dtype == np.uint8 else torch.randn(B, T + 1, *spaces.obs_shape, generator=g))
+    obs = (
+        torch.randint(0, 256, (B, T + 1, *spaces.obs_shape), generator=g).to(torch.uint8)
+        if spaces.obs_dtype == np.uint8
+        else torch.randn(B, T + 1, *spaces.obs_shape, generator=g)
+    )
     act_shape = spaces.action_shape
-    actions = (torch.randint(0, spaces.num_actions if spaces.action_nvec is None else min(spaces.action_nvec),
-                             (B, T, *act_shape), generator=g) if spaces.discrete else torch.randn(B, T, *act_shape))
-    batch = {"obs": obs, "actions": actions, "log_probs": torch.full((B, T), -1.0), "values": torch.zeros(B, T),
-             "rewards": torch.randn(B, T, generator=g), "dones": torch.zeros(B, T, dtype=torch.uint8),
-             "time_outs": torch.zeros(B, T, dtype=torch.uint8), "policy_versions": torch.zeros(B, T, dtype=torch.int64)}
+    actions = (
+        torch.randint(
+            0,
+            spaces.num_actions if spaces.action_nvec is None else min(spaces.action_nvec),
+            (B, T, *act_shape),
+            generator=g,
+        )
+        if spaces.discrete
+        else torch.randn(B, T, *act_shape)
+    )
+    batch = {
+        "obs": obs,
+        "actions": actions,
+        "log_probs": torch.full((B, T), -1.0),
+        "values": torch.zeros(B, T),
+        "rewards": torch.randn(B, T, generator=g),
+        "dones": torch.zeros(B, T, dtype=torch.uint8),
+        "time_outs": torch.zeros(B, T, dtype=torch.uint8),
+        "policy_versions": torch.zeros(B, T, dtype=torch.int64),
+    }
     if derived.rnn_state_size:
         batch["rnn_states"] = torch.zeros(B, T + 1, derived.rnn_state_size)
     return batch
@@ -272,10 +313,10 @@ def sampler_fps(flags: list[str], seconds: float, warmup: float) -> float:
     from msf.cfg.arguments import parse_args
     from msf.cfg.config import Derived
     from msf.envs.registry import env_spaces
-    from msf.learning.published_weights import PublishedWeights
     from msf.model.actor_critic import ActorCritic
     from msf.runner.device_group import _start_workers
-    from msf.runner.supervision import CTX, stop_children
+    from msf.runtime.supervision import CTX, stop_children
+    from msf.sampling.published_weights import PublishedWeights
     from msf.sampling.trajectory_buffer import TrajectoryBuffer
 
     cfg, _ = parse_args(flags)
@@ -315,9 +356,21 @@ def msf_train_fps(flags: list[str], seconds: float, warmup: float) -> tuple[floa
     exe = os.path.join(os.path.dirname(sys.executable), "msf-train")
     with tempfile.TemporaryDirectory() as td:
         t0 = time.time()
-        subprocess.run([exe, *flags, "--experiment=tput", f"--train_dir={td}", f"--train_for_seconds={int(seconds)}",
-                        "--experiment_summaries_interval=5", "--with_progress_bar=False", "--restart_behavior=overwrite"],
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+        subprocess.run(
+            [
+                exe,
+                *flags,
+                "--experiment=tput",
+                f"--train_dir={td}",
+                f"--train_for_seconds={int(seconds)}",
+                "--experiment_summaries_interval=5",
+                "--with_progress_bar=False",
+                "--restart_behavior=overwrite",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            check=True,
+        )
         acc = EventAccumulator(os.path.join(td, "tput", "tensorboard"), size_guidance={"scalars": 0})
         acc.Reload()
         pts = [e for e in acc.Scalars("perf/fps") if e.wall_time - t0 >= warmup]
@@ -371,12 +424,23 @@ def sf2_train_fps(python: str, flags: list[str], seconds: float, warmup: float) 
     ``warmup`` ('Total num frames: N' lines), over the seconds between them."""
     rx = re.compile(r"Total num frames: (\d+)")
     with tempfile.TemporaryDirectory() as td:
-        cmd = [python, "-m", "sf_examples.train_gym_env", *flags, "--algo=APPO", "--use_rnn=False",
-               "--experiment=tput_sf2", f"--train_dir={td}", "--restart_behavior=overwrite", "--with_wandb=False"]
+        cmd = [
+            python,
+            "-m",
+            "sf_examples.train_gym_env",
+            *flags,
+            "--algo=APPO",
+            "--use_rnn=False",
+            "--experiment=tput_sf2",
+            f"--train_dir={td}",
+            "--restart_behavior=overwrite",
+            "--with_wandb=False",
+        ]
         t0 = time.time()
         # its own session, so that the whole process group (SF2 spawns workers) can be stopped
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=td,
-                             start_new_session=True)
+        p = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=td, start_new_session=True
+        )
         values = []
         try:
             for line in p.stdout:
@@ -437,8 +501,10 @@ def main() -> None:
         base = dict(rows).get(1, rows[0][1])
         for n, fps in rows:
             print(f"| {n} | {fps:,.0f} | {fps / base:.2f} |")
-        print(f"\none gloo all-reduce of the gradients, 2 processes: {ar * 1e3:.2f} ms for {numel:,} parameters "
-              f"({numel * 4 / 2**20:.2f} MiB)")
+        print(
+            f"\none gloo all-reduce of the gradients, 2 processes: {ar * 1e3:.2f} ms for {numel:,} parameters "
+            f"({numel * 4 / 2**20:.2f} MiB)"
+        )
 
 
 if __name__ == "__main__":

@@ -91,9 +91,15 @@ def main(argv: list[str] | None = None) -> int:
     here = os.path.dirname(os.path.abspath(__file__))
     os.environ["PYTHONPATH"] = here + os.pathsep + os.environ.get("PYTHONPATH", "")
     sys.path.insert(0, here)
-    args = ["--env=custom_env_and_model:gridwalk", "--encoder_custom=custom_env_and_model:wide_mlp",
-            "--num_workers=2", "--num_envs_per_worker=8", "--batch_size=256", "--device=cpu",
-            "--learning_rate=0.001"]
+    args = [
+        "--env=custom_env_and_model:gridwalk",
+        "--encoder_custom=custom_env_and_model:wide_mlp",
+        "--num_workers=2",
+        "--num_envs_per_worker=8",
+        "--batch_size=256",
+        "--device=cpu",
+        "--learning_rate=0.001",
+    ]
     return train([*args, *(sys.argv[1:] if argv is None else argv)])
 
 

@@ -58,24 +58,60 @@ class EvalArgs:
 def build_enjoy_parser() -> argparse.ArgumentParser:
     parser = build_parser(prog="msf-enjoy", description=DESCRIPTION)
     g = parser.add_argument_group(EVAL)
-    g.add_argument("--load_checkpoint_kind", default="latest", choices=("latest", "best"),
-                   help="latest: the newest periodic checkpoint; best: the one with the best --save_best_metric")
-    g.add_argument("--policy_index", type=int, default=0,
-                   help="Which policy of a --num_policies run to play (its checkpoint_p{i}/), in [0, num_policies)")
+    g.add_argument(
+        "--load_checkpoint_kind",
+        default="latest",
+        choices=("latest", "best"),
+        help="latest: the newest periodic checkpoint; best: the one with the best --save_best_metric",
+    )
+    g.add_argument(
+        "--policy_index",
+        type=int,
+        default=0,
+        help="Which policy of a --num_policies run to play (its checkpoint_p{i}/), in [0, num_policies)",
+    )
     g.add_argument("--max_num_episodes", type=integer, default=10, help="Episodes to play")
-    g.add_argument("--max_num_frames", type=integer, default=10**9,
-                   help="Stop after this many env frames (env steps x env_frameskip), even within an episode")
-    g.add_argument("--eval_deterministic", type=str2bool, default=False, metavar="True|False",
-                   help="Take the most likely action (the mean of a Gaussian) instead of sampling")
-    g.add_argument("--save_video", type=str2bool, default=False, metavar="True|False",
-                   help="Write the episodes to an mp4 (rendered off-screen, no display needed)")
+    g.add_argument(
+        "--max_num_frames",
+        type=integer,
+        default=10**9,
+        help="Stop after this many env frames (env steps x env_frameskip), even within an episode",
+    )
+    g.add_argument(
+        "--eval_deterministic",
+        type=str2bool,
+        default=False,
+        metavar="True|False",
+        help="Take the most likely action (the mean of a Gaussian) instead of sampling",
+    )
+    g.add_argument(
+        "--save_video",
+        type=str2bool,
+        default=False,
+        metavar="True|False",
+        help="Write the episodes to an mp4 (rendered off-screen, no display needed)",
+    )
     g.add_argument("--video_frames", type=integer, default=10**9, help="Frames written to the video at most")
-    g.add_argument("--video_name", default=None,
-                   help="File name of the video in the experiment folder (default replay.mp4), or a path")
-    g.add_argument("--no_render", type=str2bool, default=False, metavar="True|False", nargs="?", const=True,
-                   help="Do not show the episodes in a window (without a display nothing is shown anyway)")
-    g.add_argument("--fps", type=integer, default=0,
-                   help="Frames per second of the video and of the window (0: the env's render_fps, else 30)")
+    g.add_argument(
+        "--video_name",
+        default=None,
+        help="File name of the video in the experiment folder (default replay.mp4), or a path",
+    )
+    g.add_argument(
+        "--no_render",
+        type=str2bool,
+        default=False,
+        metavar="True|False",
+        nargs="?",
+        const=True,
+        help="Do not show the episodes in a window (without a display nothing is shown anyway)",
+    )
+    g.add_argument(
+        "--fps",
+        type=integer,
+        default=0,
+        help="Frames per second of the video and of the window (0: the env's render_fps, else 30)",
+    )
     return parser
 
 
@@ -88,8 +124,9 @@ def _load_config(cfg: Config, given: set[str]) -> Config:
     exp_dir = os.path.join(cfg.train_dir, cfg.experiment)
     path = os.path.join(exp_dir, "config.json")
     if not os.path.isdir(exp_dir):
-        raise ConfigError(f"--experiment: no experiment {cfg.experiment!r} in --train_dir={cfg.train_dir!r} "
-                          f"(no folder {exp_dir})")
+        raise ConfigError(
+            f"--experiment: no experiment {cfg.experiment!r} in --train_dir={cfg.train_dir!r} (no folder {exp_dir})"
+        )
     if not os.path.exists(path):
         return cfg
     try:
@@ -102,8 +139,10 @@ def _load_config(cfg: Config, given: set[str]) -> Config:
 
     for k in sorted(given & set(FIXED_FLAGS)):
         if saved[k] != current[k]:
-            raise ConfigError(f"--{k}: the experiment {cfg.experiment!r} was trained with {saved[k]!r}, not "
-                              f"{current[k]!r}: its checkpoints fit only that")
+            raise ConfigError(
+                f"--{k}: the experiment {cfg.experiment!r} was trained with {saved[k]!r}, not "
+                f"{current[k]!r}: its checkpoints fit only that"
+            )
     saved.update({k: current[k] for k in given if k in current})
     return Config(**saved)
 
@@ -123,7 +162,7 @@ def _policy_actions(model, obs: np.ndarray, deterministic: bool, bounds, state: 
 
 def validate_eval_args(ev: EvalArgs) -> None:
     """Raises:
-        ConfigError: a count that would play or record nothing (the message names the flag)."""
+    ConfigError: a count that would play or record nothing (the message names the flag)."""
     for name in ("max_num_episodes", "max_num_frames", "video_frames"):
         if getattr(ev, name) < 1:
             raise ConfigError(f"--{name}: must be a positive integer, got {getattr(ev, name)}")
@@ -143,12 +182,16 @@ def evaluate(cfg: Config, ev: EvalArgs) -> dict:
 
     exp_dir = os.path.join(cfg.train_dir, cfg.experiment)
     if not 0 <= ev.policy_index < cfg.num_policies:
-        raise ConfigError(f"--policy_index: must be in [0, {cfg.num_policies}) for {cfg.experiment!r} "
-                          f"(trained with --num_policies={cfg.num_policies}), got {ev.policy_index}")
+        raise ConfigError(
+            f"--policy_index: must be in [0, {cfg.num_policies}) for {cfg.experiment!r} "
+            f"(trained with --num_policies={cfg.num_policies}), got {ev.policy_index}"
+        )
     state = load_latest_checkpoint(exp_dir, policy=ev.policy_index, kind=ev.load_checkpoint_kind)
     if state is None:
-        raise ConfigError(f"--load_checkpoint_kind: no readable {ev.load_checkpoint_kind} checkpoint in "
-                          f"{os.path.join(exp_dir, f'checkpoint_p{ev.policy_index}')}")
+        raise ConfigError(
+            f"--load_checkpoint_kind: no readable {ev.load_checkpoint_kind} checkpoint in "
+            f"{os.path.join(exp_dir, f'checkpoint_p{ev.policy_index}')}"
+        )
     render = None
     if ev.save_video:
         render = "rgb_array"
@@ -170,8 +213,11 @@ def evaluate(cfg: Config, ev: EvalArgs) -> dict:
             raise ConfigError(f"--save_video: {cfg.env} cannot render here ({e}); or use --no_render") from None
     model = ActorCritic(cfg, spaces_of(env))
     if model.load_state_dict_compat(state["model"]):
-        print(f"msf-enjoy: {state.get('path', 'the checkpoint')} predates per-pixel image normalisation: its images "
-              "are scaled to [0, 1], as when it was trained", file=sys.stderr)
+        print(
+            f"msf-enjoy: {state.get('path', 'the checkpoint')} predates per-pixel image normalisation: its images "
+            "are scaled to [0, 1], as when it was trained",
+            file=sys.stderr,
+        )
     model.eval()
     space = env.action_space
     bounds = (space.low, space.high) if hasattr(space, "low") else None
@@ -185,9 +231,12 @@ def evaluate(cfg: Config, ev: EvalArgs) -> dict:
         if tuple_actions:
             return tuple(int(x) for x in a)
         return int(a) if scalar_actions else a
+
     fps = ev.fps or int(env.metadata.get("render_fps") or 30)
-    print(f"msf-enjoy: {cfg.env} | {state['path']} (env steps {state['env_steps']}, policy version "
-          f"{state['policy_version']}) | {'deterministic' if ev.eval_deterministic else 'sampled'} actions")
+    print(
+        f"msf-enjoy: {cfg.env} | {state['path']} (env steps {state['env_steps']}, policy version "
+        f"{state['policy_version']}) | {'deterministic' if ev.eval_deterministic else 'sampled'} actions"
+    )
     writer, video_path, video_frames = None, None, 0
     if ev.save_video:
         import imageio.v2 as imageio
@@ -195,8 +244,7 @@ def evaluate(cfg: Config, ev: EvalArgs) -> dict:
         video_path = ev.video_name or "replay.mp4"
         if not os.path.dirname(video_path):
             video_path = os.path.join(exp_dir, video_path)
-        writer = imageio.get_writer(video_path, fps=fps, codec="libx264", macro_block_size=2,
-                                    ffmpeg_log_level="error")
+        writer = imageio.get_writer(video_path, fps=fps, codec="libx264", macro_block_size=2, ffmpeg_log_level="error")
 
     def record() -> None:
         nonlocal video_frames
@@ -238,13 +286,22 @@ def evaluate(cfg: Config, ev: EvalArgs) -> dict:
     returns = [e["return"] for e in episodes]
     lengths = [e["length"] for e in episodes]
     result = {
-        "env": cfg.env, "experiment": cfg.experiment, "checkpoint": state["path"], "env_steps": state["env_steps"],
-        "policy_index": ev.policy_index, "policy_version": state["policy_version"],
-        "deterministic": ev.eval_deterministic, "episodes": episodes,
-        "num_episodes": len(episodes), "return_mean": float(np.mean(returns)) if returns else None,
+        "env": cfg.env,
+        "experiment": cfg.experiment,
+        "checkpoint": state["path"],
+        "env_steps": state["env_steps"],
+        "policy_index": ev.policy_index,
+        "policy_version": state["policy_version"],
+        "deterministic": ev.eval_deterministic,
+        "episodes": episodes,
+        "num_episodes": len(episodes),
+        "return_mean": float(np.mean(returns)) if returns else None,
         "return_std": float(np.std(returns)) if returns else None,
-        "length_mean": float(np.mean(lengths)) if lengths else None, "env_frames": frames,
-        "wall_seconds": time.monotonic() - t0, "video": video_path, "video_frames": video_frames if writer else 0,
+        "length_mean": float(np.mean(lengths)) if lengths else None,
+        "env_frames": frames,
+        "wall_seconds": time.monotonic() - t0,
+        "video": video_path,
+        "video_frames": video_frames if writer else 0,
     }
     return result
 
@@ -271,8 +328,10 @@ def main(argv: list[str] | None = None) -> int:
     if result["return_mean"] is None:
         print(f"no episode ended within --max_num_frames={ev.max_num_frames}")
     else:
-        print(f"{result['num_episodes']} episodes: return mean {result['return_mean']:.2f} "
-              f"(std {result['return_std']:.2f}), length mean {result['length_mean']:.1f}")
+        print(
+            f"{result['num_episodes']} episodes: return mean {result['return_mean']:.2f} "
+            f"(std {result['return_std']:.2f}), length mean {result['length_mean']:.1f}"
+        )
     if result["video"]:
         print(f"video: {result['video']} ({result['video_frames']} frames)")
     print(f"results in {os.path.join(exp_dir, 'eval.json')}")

@@ -76,8 +76,9 @@ def read_curves(exp_dir: str) -> dict[str, Curve]:
     tb_dir = os.path.join(exp_dir, "tensorboard")
     if not os.path.isdir(tb_dir) or not _event_files(tb_dir):
         raise FileNotFoundError(f"no TensorBoard event files in {tb_dir}")
-    acc = event_accumulator.EventAccumulator(tb_dir, size_guidance={event_accumulator.SCALARS: 0},
-                                             purge_orphaned_data=True)
+    acc = event_accumulator.EventAccumulator(
+        tb_dir, size_guidance={event_accumulator.SCALARS: 0}, purge_orphaned_data=True
+    )
     acc.Reload()
     tags = acc.Tags().get(event_accumulator.SCALARS, [])
     if not tags:
@@ -86,9 +87,11 @@ def read_curves(exp_dir: str) -> dict[str, Curve]:
     curves = {}
     for tag in tags:
         events = acc.Scalars(tag)
-        curves[tag] = Curve(steps=np.array([e.step for e in events], dtype=np.int64),
-                            wall_time=np.array([e.wall_time - t0 for e in events], dtype=np.float64),
-                            values=np.array([e.value for e in events], dtype=np.float64))
+        curves[tag] = Curve(
+            steps=np.array([e.step for e in events], dtype=np.int64),
+            wall_time=np.array([e.wall_time - t0 for e in events], dtype=np.float64),
+            values=np.array([e.value for e in events], dtype=np.float64),
+        )
     return curves
 
 

@@ -39,18 +39,27 @@ def check_model(cfg, spaces) -> None:
     from msf.model.actor_critic import ActorCritic
 
     if cfg.exploration_loss == "symmetric_kl" and not (spaces.discrete or spaces.action_nvec is not None):
-        raise ConfigError("--exploration_loss=symmetric_kl needs discrete actions (Discrete, MultiDiscrete or a Tuple "
-                          f"of Discrete); {cfg.env} has continuous actions: use --exploration_loss=entropy")
+        raise ConfigError(
+            "--exploration_loss=symmetric_kl needs discrete actions (Discrete, MultiDiscrete or a Tuple "
+            f"of Discrete); {cfg.env} has continuous actions: use --exploration_loss=entropy"
+        )
     try:
         model = ActorCritic(cfg, spaces)
     except ValueError as e:
-        flag = "encoder_custom" if cfg.encoder_custom else \
-            "encoder_conv_architecture" if len(spaces.obs_shape) == 3 else "env"
+        flag = (
+            "encoder_custom"
+            if cfg.encoder_custom
+            else "encoder_conv_architecture"
+            if len(spaces.obs_shape) == 3
+            else "env"
+        )
         raise ConfigError(f"--{flag}: {e}") from None
     if cfg.exploration_loss == "symmetric_kl" and model.mask_slice is not None:
-        raise ConfigError(f"--exploration_loss=symmetric_kl: {cfg.env} masks actions (an action_mask observation), "
-                          "and the divergence from the uniform distribution is unbounded for a masked action: use "
-                          "--exploration_loss=entropy")
+        raise ConfigError(
+            f"--exploration_loss=symmetric_kl: {cfg.env} masks actions (an action_mask observation), "
+            "and the divergence from the uniform distribution is unbounded for a masked action: use "
+            "--exploration_loss=entropy"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,30 +83,37 @@ def _main(argv: list[str] | None) -> int:
 
         cfg = apply_family_defaults(cfg, given)
         validate(cfg)
-        from msf.distributed.launch import resolve
+        from msf.distributed.nodes import discover, validate_node_flags
         from msf.envs.registry import env_spaces
         from msf.runner.experiment import resume_config
-
-        from msf.distributed.nodes import discover, validate_node_flags
+        from msf.runner.launch import resolve
 
         validate_node_flags(cfg)
         plan = discover(cfg, given)
         if plan.launcher != "local" and cfg.max_restarts > 0:
-            raise ConfigError(f"--max_restarts: this process is one rank started by {plan.source}, which restarts "
-                              "it: use torchrun's --max_restarts (or Slurm's --requeue) instead")
+            raise ConfigError(
+                f"--max_restarts: this process is one rank started by {plan.source}, which restarts "
+                "it: use torchrun's --max_restarts (or Slurm's --requeue) instead"
+            )
         cfg, changes = resume_config(cfg, given)
         if changes and plan.node_rank == 0 and not plan.local_rank:
-            print(f"msf-train: warning: resuming {cfg.experiment!r} with flags that differ from its saved config: "
-                  + "; ".join(changes), file=sys.stderr)
+            print(
+                f"msf-train: warning: resuming {cfg.experiment!r} with flags that differ from its saved config: "
+                + "; ".join(changes),
+                file=sys.stderr,
+            )
         if changes:
             validate(cfg)
         cfg = resolve(cfg, given, plan)
         from msf.envs.registry import env_config_of
 
         if cfg.with_pbt and max(cfg.pbt_start_mutation, cfg.pbt_period_env_steps) > cfg.train_for_env_steps:
-            print(f"msf-train: warning: --with_pbt: no replacement can happen within --train_for_env_steps="
-                  f"{cfg.train_for_env_steps} (--pbt_start_mutation={cfg.pbt_start_mutation}, "
-                  f"--pbt_period_env_steps={cfg.pbt_period_env_steps})", file=sys.stderr)
+            print(
+                f"msf-train: warning: --with_pbt: no replacement can happen within --train_for_env_steps="
+                f"{cfg.train_for_env_steps} (--pbt_start_mutation={cfg.pbt_start_mutation}, "
+                f"--pbt_period_env_steps={cfg.pbt_period_env_steps})",
+                file=sys.stderr,
+            )
         spaces = env_spaces(cfg.env, env_config_of(cfg))
         if cfg.env_backend == "envpool":
             from msf.envs.vector import check_envpool
@@ -107,9 +123,9 @@ def _main(argv: list[str] | None) -> int:
     except ConfigError as e:
         print(f"msf-train: error: {e}", file=sys.stderr)
         return 2
-    from msf.distributed.launch import JoinRefused, launch
     from msf.persistence.summaries import setup_logging
     from msf.runner.experiment import prepare_experiment_dir, wait_for_experiment_dir
+    from msf.runner.launch import JoinRefused, launch
 
     if plan.launcher == "local" or plan.local_rank == 0:
         exp_dir = prepare_experiment_dir(cfg)  # one process per node: no shared file system is assumed
@@ -127,13 +143,16 @@ def _main(argv: list[str] | None) -> int:
     except Exception as e:  # noqa: BLE001 - a rank died: torch.multiprocessing names it
         logging.getLogger("msf").error("a device group failed: %s", e)
         last = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        print(f"msf-train: a device group failed: {last} (details in {os.path.join(exp_dir, 'log.txt')})",
-              file=sys.stderr)
+        print(
+            f"msf-train: a device group failed: {last} (details in {os.path.join(exp_dir, 'log.txt')})", file=sys.stderr
+        )
         return 1
     holds_rank0 = plan.rank == 0 if plan.launcher != "local" else plan.node_rank == 0
     if not holds_rank0:
-        print(f"Done: rank 0 (node 0{', ' + plan.hosts[0] if plan.hosts else ''}) holds the checkpoints and "
-              f"summary.json; this node's log is {os.path.join(os.path.abspath(exp_dir), 'log.txt')}")
+        print(
+            f"Done: rank 0 (node 0{', ' + plan.hosts[0] if plan.hosts else ''}) holds the checkpoints and "
+            f"summary.json; this node's log is {os.path.join(os.path.abspath(exp_dir), 'log.txt')}"
+        )
         return 0
     summary_path = os.path.join(exp_dir, "summary.json")
     if not os.path.exists(summary_path):
@@ -142,9 +161,11 @@ def _main(argv: list[str] | None) -> int:
     summary = json.loads(open(summary_path).read())
     rm = summary["episode_return_mean"]
     print(f"Results in {os.path.abspath(exp_dir)}")
-    print(f"status {summary['status']} | env frames {summary['env_frames']} | {summary['fps']:.0f} FPS | "
-          f"final episode_return_mean {'n/a' if rm is None else f'{rm:.2f}'} "
-          f"(last {cfg.stats_avg} episodes)")
+    print(
+        f"status {summary['status']} | env frames {summary['env_frames']} | {summary['fps']:.0f} FPS | "
+        f"final episode_return_mean {'n/a' if rm is None else f'{rm:.2f}'} "
+        f"(last {cfg.stats_avg} episodes)"
+    )
     return 1 if summary["status"] == "failed" else 0
 
 

@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from msf.cfg.config import Config, Derived
-from msf.distributed.collectives import ReplicaMismatch, check_replicas_identical, learner_state_tensors
+from msf.distributed.collectives import ProcessGroupCollectives, ReplicaMismatch, learner_state_tensors
 from msf.envs.registry import EnvSpaces
 from msf.learning.learner import Learner
 
@@ -31,8 +31,18 @@ RNN_SIZE = 8
 
 def _cfg(batch_size: int, vtrace: bool, rnn: bool = False) -> Config:
     extra = dict(use_rnn=True, rnn_size=RNN_SIZE, recurrence=T // 2) if rnn else {}
-    return Config(encoder_mlp_layers=[16, 16], batch_size=batch_size, rollout=T, num_workers=1, num_envs_per_worker=2,
-                  with_vtrace=vtrace, num_epochs=2, learning_rate=1e-3, seed=0, **extra)
+    return Config(
+        encoder_mlp_layers=[16, 16],
+        batch_size=batch_size,
+        rollout=T,
+        num_workers=1,
+        num_envs_per_worker=2,
+        with_vtrace=vtrace,
+        num_epochs=2,
+        learning_rate=1e-3,
+        seed=0,
+        **extra,
+    )
 
 
 def _full_batch(iteration: int, B: int, masked: bool = False, rnn: bool = False) -> dict[str, torch.Tensor]:
@@ -48,9 +58,10 @@ def _full_batch(iteration: int, B: int, masked: bool = False, rnn: bool = False)
         valids = (torch.rand(B, T, generator=g) < 0.7).to(torch.uint8)
         valids[0] = 0
         if iteration == 1:
-            valids[B // 2:] = 0
+            valids[B // 2 :] = 0
         extra["valids"] = valids
-    return {**extra,
+    return {
+        **extra,
         "obs": torch.randn(B, T + 1, 3, generator=g) * 2.0 + 1.0,
         "actions": torch.randint(0, 2, (B, T), generator=g),
         "log_probs": torch.log(torch.rand(B, T, generator=g) * 0.6 + 0.2),
@@ -70,18 +81,22 @@ def _train(learner: Learner, B: int, part: slice, masked: bool = False, rnn: boo
     return grad_norms
 
 
-def _replica(rank: int, world: int, port: int, vtrace: bool, masked: bool, rnn: bool, out: dict,
-             device: str = "cpu") -> None:
+def _replica(
+    rank: int, world: int, port: int, vtrace: bool, masked: bool, rnn: bool, out: dict, device: str = "cpu"
+) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
         torch.manual_seed(rank)  # different on purpose: DDP's constructor must broadcast rank 0's weights
         cfg = _cfg(batch_size=2 * T, vtrace=vtrace, rnn=rnn)
-        learner = Learner(cfg, Derived.of(cfg), SPACES, device)
+        coll = ProcessGroupCollectives()
+        learner = Learner(cfg, Derived.of(cfg), SPACES, device, collectives=coll)
         half = Derived.of(cfg).trajectories_per_iteration
         grad_norms = _train(learner, world * half, slice(rank * half, (rank + 1) * half), masked, rnn)
-        check_replicas_identical(learner_state_tensors(learner.model, learner.optimizer))
-        out[rank] = ({k: v.cpu().clone() for k, v in learner_state_tensors(learner.model, learner.optimizer).items()},
-                     grad_norms)
+        coll.check_identical(learner_state_tensors(learner.model, learner.optimizer))
+        out[rank] = (
+            {k: v.cpu().clone() for k, v in learner_state_tensors(learner.model, learner.optimizer).items()},
+            grad_norms,
+        )
     finally:
         dist.destroy_process_group()
 
@@ -92,9 +107,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("vtrace, masked, rnn", [(False, False, False), (False, True, False), (True, False, False),
-                                                 (True, True, False), (False, False, True), (True, False, True)],
-                         ids=["gae", "gae-masked", "vtrace", "vtrace-masked", "gae-gru", "vtrace-gru"])
+@pytest.mark.parametrize(
+    "vtrace, masked, rnn",
+    [
+        (False, False, False),
+        (False, True, False),
+        (True, False, False),
+        (True, True, False),
+        (False, False, True),
+        (True, False, True),
+    ],
+    ids=["gae", "gae-masked", "vtrace", "vtrace-masked", "gae-gru", "vtrace-gru"],
+)
 def test_two_replicas_match_one_learner_on_the_whole_batch(vtrace, masked, rnn):
     """Masked: the replicas hold different numbers of valid samples, one of them none in one iteration.
     GRU: the recurrent core re-run over sequences of T/2 steps from the stored states."""
@@ -134,13 +158,14 @@ def _perturbed_replica(rank: int, world: int, port: int, out: dict) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
         cfg = _cfg(batch_size=2 * T, vtrace=False)
-        learner = Learner(cfg, Derived.of(cfg), SPACES)
+        coll = ProcessGroupCollectives()
+        learner = Learner(cfg, Derived.of(cfg), SPACES, collectives=coll)
         state = learner_state_tensors(learner.model, learner.optimizer)
-        check_replicas_identical(state)  # identical after construction
+        coll.check_identical(state)  # identical after construction
         if rank == 1:
             learner.model.obs_normalizer.mean[0] += 1e-12
         try:
-            check_replicas_identical(learner_state_tensors(learner.model, learner.optimizer))
+            coll.check_identical(learner_state_tensors(learner.model, learner.optimizer))
             out[rank] = "no error"
         except ReplicaMismatch as e:
             out[rank] = str(e)

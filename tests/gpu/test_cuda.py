@@ -21,9 +21,9 @@ import sys
 
 import pytest
 import torch
-
 from distributed.test_ddp_learner import ITERATIONS, SPACES, T, _cfg, _full_batch, check_two_replicas_match_one_learner
 from integration.conftest import SMALL_ENV_FLAGS, msf_env, read_summary, run_msf
+
 from msf.cfg.config import Derived
 from msf.learning.learner import Learner
 
@@ -70,9 +70,21 @@ def test_train_on_gpu_solves_cartpole_resumes_on_cpu_and_plays(tmp_path):
     assert "resumed from" in (train_dir / "gpu" / "log.txt").read_text()
     s2 = read_summary(train_dir, "gpu")
     assert s2["train_steps"] > s["train_steps"] and s2["env_steps"] >= 310_000
-    r = subprocess.run([sys.executable, "-m", "msf.enjoy", "--experiment=gpu", f"--train_dir={train_dir}",
-                        "--max_num_episodes=5", "--no_render=True"], capture_output=True, text=True, timeout=120,
-                       env=msf_env())
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "msf.enjoy",
+            "--experiment=gpu",
+            f"--train_dir={train_dir}",
+            "--max_num_episodes=5",
+            "--no_render=True",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=msf_env(),
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     ev = json.loads((train_dir / "gpu" / "eval.json").read_text())
     assert ev["num_episodes"] == 5 and ev["return_mean"] >= 400, ev

@@ -11,8 +11,15 @@ restarts an agent by itself. A random agent earns about 1/3 per step.
 from __future__ import annotations
 
 import numpy as np
-from mlagents_envs.base_env import (ActionSpec, BehaviorSpec, DecisionSteps, DimensionProperty, ObservationSpec,
-                                    ObservationType, TerminalSteps)
+from mlagents_envs.base_env import (
+    ActionSpec,
+    BehaviorSpec,
+    DecisionSteps,
+    DimensionProperty,
+    ObservationSpec,
+    ObservationType,
+    TerminalSteps,
+)
 
 EPISODE = 20
 SHORT_AGENT, SHORT = 3, 10
@@ -22,8 +29,10 @@ class FakeDuel:
     def __init__(self, seed: int = 0):
         self.rng = np.random.default_rng(seed)
         self.teams = {"Duel?team=0": [0, 1], "Duel?team=1": [2, 3]}
-        obs_specs = [ObservationSpec((3,), (DimensionProperty.NONE,), ObservationType.DEFAULT, "cue"),
-                     ObservationSpec((2,), (DimensionProperty.NONE,), ObservationType.DEFAULT, "info")]
+        obs_specs = [
+            ObservationSpec((3,), (DimensionProperty.NONE,), ObservationType.DEFAULT, "cue"),
+            ObservationSpec((2,), (DimensionProperty.NONE,), ObservationType.DEFAULT, "info"),
+        ]
         spec = BehaviorSpec(obs_specs, ActionSpec.create_discrete((3,)))
         self.behavior_specs = {b: spec for b in self.teams}
         self.actions: dict[str, np.ndarray] = {}
@@ -43,21 +52,33 @@ class FakeDuel:
         self.resets += 1
         self.t = self.short_t = 0
         self._new_cues()
-        self.steps = {b: (self._decisions(agents, np.zeros(len(agents))), self._terminals([], [], []))
-                      for b, agents in self.teams.items()}
+        self.steps = {
+            b: (self._decisions(agents, np.zeros(len(agents))), self._terminals([], [], []))
+            for b, agents in self.teams.items()
+        }
 
     def _decisions(self, agents, rewards):
         obs = [self._observe(a) for a in agents]
-        return DecisionSteps([np.stack([o[0] for o in obs]), np.stack([o[1] for o in obs])],
-                             np.asarray(rewards, dtype=np.float32), np.asarray(agents, dtype=np.int32), None,
-                             np.zeros(len(agents), dtype=np.int32), np.zeros(len(agents), dtype=np.float32))
+        return DecisionSteps(
+            [np.stack([o[0] for o in obs]), np.stack([o[1] for o in obs])],
+            np.asarray(rewards, dtype=np.float32),
+            np.asarray(agents, dtype=np.int32),
+            None,
+            np.zeros(len(agents), dtype=np.int32),
+            np.zeros(len(agents), dtype=np.float32),
+        )
 
     def _terminals(self, agents, rewards, interrupted, obs=None):
         n = len(agents)
         obs = obs or [np.zeros((0, 3), np.float32), np.zeros((0, 2), np.float32)]
-        return TerminalSteps(obs, np.asarray(rewards, dtype=np.float32), np.asarray(interrupted, dtype=bool),
-                             np.asarray(agents, dtype=np.int32), np.zeros(n, dtype=np.int32),
-                             np.zeros(n, dtype=np.float32))
+        return TerminalSteps(
+            obs,
+            np.asarray(rewards, dtype=np.float32),
+            np.asarray(interrupted, dtype=bool),
+            np.asarray(agents, dtype=np.int32),
+            np.zeros(n, dtype=np.int32),
+            np.zeros(n, dtype=np.float32),
+        )
 
     def get_steps(self, behavior):
         return self.steps[behavior]

@@ -130,9 +130,13 @@ class DictMaskEnv(gym.Env):
 
     def __init__(self, render_mode=None):
         self.render_mode = render_mode
-        self.observation_space = gym.spaces.Dict({
-            "cue": gym.spaces.Discrete(3), "noise": gym.spaces.Box(-1.0, 1.0, (4,), dtype=np.float32),
-            "action_mask": gym.spaces.MultiBinary(3)})
+        self.observation_space = gym.spaces.Dict(
+            {
+                "cue": gym.spaces.Discrete(3),
+                "noise": gym.spaces.Box(-1.0, 1.0, (4,), dtype=np.float32),
+                "action_mask": gym.spaces.MultiBinary(3),
+            }
+        )
         self.action_space = gym.spaces.Discrete(3)
         self.t = 0
 
@@ -163,8 +167,11 @@ class MultiChoiceEnv(gym.Env):
     def __init__(self, tuple_actions: bool = False, render_mode=None):
         self.render_mode = render_mode
         self.observation_space = gym.spaces.Box(0.0, 1.0, (6,), dtype=np.float32)
-        self.action_space = gym.spaces.Tuple((gym.spaces.Discrete(3), gym.spaces.Discrete(3))) if tuple_actions \
+        self.action_space = (
+            gym.spaces.Tuple((gym.spaces.Discrete(3), gym.spaces.Discrete(3)))
+            if tuple_actions
             else gym.spaces.MultiDiscrete([3, 3])
+        )
         self.t = 0
 
     def _obs(self):
@@ -282,8 +289,13 @@ def coin_race_parallel_env():
             agents = self.agents
             if over:
                 self.agents = []
-            return (dict(zip(agents, obs)), dict(zip(agents, rewards)), {a: False for a in agents},
-                    {a: over for a in agents}, {a: {} for a in agents})
+            return (
+                dict(zip(agents, obs)),
+                dict(zip(agents, rewards)),
+                {a: False for a in agents},
+                {a: over for a in agents},
+                {a: {} for a in agents},
+            )
 
     return CoinRaceParallel()
 

@@ -26,21 +26,38 @@ def msf_env() -> dict:
 def run_msf(args: list[str], timeout: float, **kw) -> subprocess.CompletedProcess:
     """Run ``python -m msf.train ARGS``; a hang fails the test after ``timeout`` seconds."""
     env = kw.pop("env", None) or msf_env()
-    return subprocess.run([sys.executable, "-m", "msf.train", "--device=cpu", "--with_progress_bar=False", *args],
-                          capture_output=True, text=True, timeout=timeout, env=env, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "msf.train", "--device=cpu", "--with_progress_bar=False", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        **kw,
+    )
 
 
 def popen_msf(args: list[str], **kw) -> subprocess.Popen:
     # status lines every second: wait_until_training sees the first one soon
-    return subprocess.Popen([sys.executable, "-m", "msf.train", "--device=cpu", "--with_progress_bar=False",
-                             "--experiment_summaries_interval=1", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=msf_env(), **kw)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "msf.train",
+            "--device=cpu",
+            "--with_progress_bar=False",
+            "--experiment_summaries_interval=1",
+            *args,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=msf_env(),
+        **kw,
+    )
 
 
 def read_summary(train_dir: Path, experiment: str) -> dict:
     return json.loads((train_dir / experiment / "summary.json").read_text())
-
-
 
 
 def wait_until_training(exp_dir: Path, timeout: float = 60.0) -> None:
@@ -67,8 +84,19 @@ def trained_cartpole(tmp_path_factory) -> Path:
     tests that check it, evaluate it and plot it; best checkpoints kept from the start. Returns the
     experiment folder."""
     train_dir = tmp_path_factory.mktemp("trained") / "train_dir"
-    r = run_msf(["--env=CartPole-v1", "--experiment=cartpole_s0", f"--train_dir={train_dir}", "--seed=0",
-                 f"--train_for_env_steps={TRAINED_STEPS}", "--save_best_after=0", "--save_best_every_sec=0",
-                 "--experiment_summaries_interval=2", *SMALL_ENV_FLAGS], timeout=240)
+    r = run_msf(
+        [
+            "--env=CartPole-v1",
+            "--experiment=cartpole_s0",
+            f"--train_dir={train_dir}",
+            "--seed=0",
+            f"--train_for_env_steps={TRAINED_STEPS}",
+            "--save_best_after=0",
+            "--save_best_every_sec=0",
+            "--experiment_summaries_interval=2",
+            *SMALL_ENV_FLAGS,
+        ],
+        timeout=240,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     return train_dir / "cartpole_s0"

@@ -17,9 +17,22 @@ def _run(train_dir, name: str, n: int, extra: list[str], delay: str | None = Non
     env_delay = {"MSF_DEBUG_DELAY_RANK": delay} if delay else {}
     os.environ.update(env_delay)
     try:
-        return run_msf(["--env=CartPole-v1", f"--experiment={name}", f"--train_dir={train_dir}",
-                        f"--nproc_per_node={n}", f"--num_workers={n}", "--num_envs_per_worker=2", "--batch_size=64",
-                        "--encoder_mlp_layers", "16", "--train_for_env_steps=2000", *extra], timeout=timeout)
+        return run_msf(
+            [
+                "--env=CartPole-v1",
+                f"--experiment={name}",
+                f"--train_dir={train_dir}",
+                f"--nproc_per_node={n}",
+                f"--num_workers={n}",
+                "--num_envs_per_worker=2",
+                "--batch_size=64",
+                "--encoder_mlp_layers",
+                "16",
+                "--train_for_env_steps=2000",
+                *extra,
+            ],
+            timeout=timeout,
+        )
     finally:
         for k in env_delay:
             os.environ.pop(k)

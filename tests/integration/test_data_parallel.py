@@ -15,8 +15,18 @@ from .conftest import SMALL_ENV_FLAGS, popen_msf, read_summary, run_msf, wait_un
 def test_two_replicas_reach_450_with_half_the_batch(train_dir):
     """N=2 with batch_size=256 per replica (the global batch of N=1 with 512) within the same 300k steps."""
     flags = [f for f in SMALL_ENV_FLAGS if not f.startswith("--batch_size")] + ["--batch_size=256"]
-    r = run_msf(["--env=CartPole-v1", "--experiment=ddp", f"--train_dir={train_dir}", "--seed=0",
-                 "--nproc_per_node=2", "--train_for_env_steps=300000", *flags], timeout=300)
+    r = run_msf(
+        [
+            "--env=CartPole-v1",
+            "--experiment=ddp",
+            f"--train_dir={train_dir}",
+            "--seed=0",
+            "--nproc_per_node=2",
+            "--train_for_env_steps=300000",
+            *flags,
+        ],
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     s = read_summary(train_dir, "ddp")
     assert s["status"] == "done"
@@ -32,9 +42,21 @@ def test_two_replicas_reach_450_with_half_the_batch(train_dir):
 
 
 def test_ctrl_c_stops_both_replicas_after_the_same_iteration(train_dir):
-    p = popen_msf(["--env=CartPole-v1", "--experiment=ddpsig", f"--train_dir={train_dir}", "--nproc_per_node=2",
-                   "--num_workers=2", "--num_envs_per_worker=4", "--batch_size=128", "--encoder_mlp_layers", "32",
-                   "--save_every_sec=1000"], start_new_session=True)
+    p = popen_msf(
+        [
+            "--env=CartPole-v1",
+            "--experiment=ddpsig",
+            f"--train_dir={train_dir}",
+            "--nproc_per_node=2",
+            "--num_workers=2",
+            "--num_envs_per_worker=4",
+            "--batch_size=128",
+            "--encoder_mlp_layers",
+            "32",
+            "--save_every_sec=1000",
+        ],
+        start_new_session=True,
+    )
     try:
         wait_until_training(train_dir / "ddpsig")
         import os
@@ -52,9 +74,21 @@ def test_ctrl_c_stops_both_replicas_after_the_same_iteration(train_dir):
 
 
 def test_failure_in_one_device_group_ends_the_job(train_dir):
-    r = run_msf(["--env=msf_test_envs:MsfFailingCartPole-v0", "--experiment=ddpfail", f"--train_dir={train_dir}",
-                 "--nproc_per_node=2", "--num_workers=2", "--num_envs_per_worker=4", "--batch_size=128",
-                 "--encoder_mlp_layers", "32", "--save_every_sec=1"], timeout=120)
+    r = run_msf(
+        [
+            "--env=msf_test_envs:MsfFailingCartPole-v0",
+            "--experiment=ddpfail",
+            f"--train_dir={train_dir}",
+            "--nproc_per_node=2",
+            "--num_workers=2",
+            "--num_envs_per_worker=4",
+            "--batch_size=128",
+            "--encoder_mlp_layers",
+            "32",
+            "--save_every_sec=1",
+        ],
+        timeout=120,
+    )
     assert r.returncode == 1, r.stderr[-3000:]
     assert read_summary(train_dir, "ddpfail")["status"] == "failed"
     log = (train_dir / "ddpfail" / "log.txt").read_text()
@@ -67,18 +101,31 @@ def test_busy_master_port_is_refused(tmp_path):
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        r = run_msf(["--experiment=port", f"--train_dir={tmp_path}", "--nproc_per_node=2", "--num_workers=2",
-                     f"--master_port={port}"], timeout=60)
+        r = run_msf(
+            [
+                "--experiment=port",
+                f"--train_dir={tmp_path}",
+                "--nproc_per_node=2",
+                "--num_workers=2",
+                f"--master_port={port}",
+            ],
+            timeout=60,
+        )
     assert r.returncode == 2
     assert r.stderr.strip().startswith(f"msf-train: error: --master_port: port {port} on 127.0.0.1 is not free")
 
 
-@pytest.mark.parametrize("args, expected", [
-    (["--nproc_per_node=3", "--num_workers=2"], "--num_workers: must be at least nproc_per_node=3"),
-    (["--nproc_per_node=2", "--num_workers=2", "--policy_workers_per_policy=2"],
-     "--policy_workers_per_policy: must be at most the rollout workers of one device group"),
-    (["--nproc_per_node=0"], "--nproc_per_node: must be a positive integer"),
-])
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--nproc_per_node=3", "--num_workers=2"], "--num_workers: must be at least nproc_per_node=3"),
+        (
+            ["--nproc_per_node=2", "--num_workers=2", "--policy_workers_per_policy=2"],
+            "--policy_workers_per_policy: must be at most the rollout workers of one device group",
+        ),
+        (["--nproc_per_node=0"], "--nproc_per_node: must be a positive integer"),
+    ],
+)
 def test_bad_topology_one_line_exit_2(tmp_path, args, expected):
     r = run_msf(["--experiment=bad", f"--train_dir={tmp_path}", *args], timeout=60)
     assert r.returncode == 2
@@ -118,9 +165,21 @@ def test_a_killed_replica_ends_the_job_and_leaves_nothing_behind(train_dir):
     env_key, env_val = marker.split("=")
     os.environ[env_key] = env_val
     try:
-        p = popen_msf(["--env=CartPole-v1", "--experiment=kill", f"--train_dir={train_dir}", "--nproc_per_node=2",
-                       "--num_workers=2", "--num_envs_per_worker=4", "--batch_size=128", "--encoder_mlp_layers", "32",
-                       "--save_every_sec=1", "--dist_timeout=10"])
+        p = popen_msf(
+            [
+                "--env=CartPole-v1",
+                "--experiment=kill",
+                f"--train_dir={train_dir}",
+                "--nproc_per_node=2",
+                "--num_workers=2",
+                "--num_envs_per_worker=4",
+                "--batch_size=128",
+                "--encoder_mlp_layers",
+                "32",
+                "--save_every_sec=1",
+                "--dist_timeout=10",
+            ]
+        )
     finally:
         os.environ.pop(env_key)
     try:
@@ -163,8 +222,18 @@ def test_two_replicas_three_seeds():
     returns = []
     with tempfile.TemporaryDirectory() as td:
         for seed in (1, 2, 3):
-            r = run_msf(["--env=CartPole-v1", f"--experiment=ddp{seed}", f"--train_dir={td}", f"--seed={seed}",
-                         "--nproc_per_node=2", "--train_for_env_steps=300000", *flags], timeout=300)
+            r = run_msf(
+                [
+                    "--env=CartPole-v1",
+                    f"--experiment=ddp{seed}",
+                    f"--train_dir={td}",
+                    f"--seed={seed}",
+                    "--nproc_per_node=2",
+                    "--train_for_env_steps=300000",
+                    *flags,
+                ],
+                timeout=300,
+            )
             assert r.returncode == 0, r.stderr[-3000:]
             returns.append(read_summary(Path(td), f"ddp{seed}")["episode_return_mean"])
     assert statistics.median(returns) >= 450 and min(returns) >= 300, returns

@@ -33,7 +33,9 @@ def _skip_without_extra(env: str) -> None:
     extra, modules = EXTRAS[family_of(env)]
     missing = [m for m in modules if importlib.util.find_spec(m) is None]
     if missing:
-        pytest.skip(f"the {extra} extra is not installed here (missing {', '.join(missing)}; no wheel for this machine?)")
+        pytest.skip(
+            f"the {extra} extra is not installed here (missing {', '.join(missing)}; no wheel for this machine?)"
+        )
 
 
 @pytest.mark.parametrize("env, shape, dtype, discrete, frameskip", FAMILIES, ids=[f[0] for f in FAMILIES])
@@ -41,9 +43,23 @@ def test_family_trains_end_to_end(train_dir, env, shape, dtype, discrete, frames
     _skip_without_extra(env)
     spaces = env_spaces(env, env_config_of(Config()))
     assert (spaces.obs_shape, spaces.obs_dtype, spaces.discrete) == (shape, dtype, discrete)
-    r = run_msf([f"--env={env}", "--experiment=fam", f"--train_dir={train_dir}", "--num_workers=2",
-                 "--num_envs_per_worker=4", "--batch_size=128", "--rollout=16", "--encoder_conv_mlp_layers", "64",
-                 "--encoder_mlp_layers", "64", "--train_for_env_steps=6000"], timeout=180)
+    r = run_msf(
+        [
+            f"--env={env}",
+            "--experiment=fam",
+            f"--train_dir={train_dir}",
+            "--num_workers=2",
+            "--num_envs_per_worker=4",
+            "--batch_size=128",
+            "--rollout=16",
+            "--encoder_conv_mlp_layers",
+            "64",
+            "--encoder_mlp_layers",
+            "64",
+            "--train_for_env_steps=6000",
+        ],
+        timeout=180,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     s = read_summary(train_dir, "fam")
     assert s["status"] == "done" and s["env"] == env
@@ -66,8 +82,21 @@ def test_family_trains_end_to_end(train_dir, env, shape, dtype, discrete, frames
     plan = ", ".join(f"{w}: [{cores[w % len(cores)]}]" for w in range(2))
     assert f"rollout workers pinned to CPU cores: {plan}" in (train_dir / "fam" / "log.txt").read_text()
     # msf-enjoy plays the trained policy in the evaluation version of the env
-    r = subprocess.run([sys.executable, "-m", "msf.enjoy", f"--env={env}", "--experiment=fam", f"--train_dir={train_dir}",
-                        "--max_num_episodes=1", "--max_num_frames=400"], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "msf.enjoy",
+            f"--env={env}",
+            "--experiment=fam",
+            f"--train_dir={train_dir}",
+            "--max_num_episodes=1",
+            "--max_num_frames=400",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     ev = json.loads((train_dir / "fam" / "eval.json").read_text())
     assert ev["env_frames"] == 400 or ev["num_episodes"] == 1
@@ -109,7 +138,9 @@ def test_atari_training_wrappers_and_evaluation_wrappers():
 def test_a_missing_extra_names_the_pip_command(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ale_py" else real(name, *a))
-    with pytest.raises(ConfigError, match=r"^--env: atari_pong needs the atari extra .*pip install 'multi-sample-factory\[atari\]'"):
+    with pytest.raises(
+        ConfigError, match=r"^--env: atari_pong needs the atari extra .*pip install 'multi-sample-factory\[atari\]'"
+    ):
         require_extra("atari_pong")
 
 
@@ -117,8 +148,15 @@ def test_unknown_family_members_are_refused(tmp_path):
     _skip_without_extra("mujoco_hopper")
     r = run_msf(["--env=mujoco_nosuch", "--experiment=x", f"--train_dir={tmp_path}"], timeout=60)
     assert r.returncode == 2 and "--env: unknown MuJoCo task 'nosuch'" in r.stderr
-    r = run_msf(["--env=MiniGrid-Empty-5x5-v0", "--encoder_conv_architecture=convnet_simple", "--experiment=y",
-                 f"--train_dir={tmp_path}"], timeout=60)
+    r = run_msf(
+        [
+            "--env=MiniGrid-Empty-5x5-v0",
+            "--encoder_conv_architecture=convnet_simple",
+            "--experiment=y",
+            f"--train_dir={tmp_path}",
+        ],
+        timeout=60,
+    )
     assert r.returncode == 2 and "--encoder_conv_architecture:" in r.stderr and "resnet_impala" in r.stderr
 
 
@@ -143,11 +181,14 @@ def test_doom_makes_its_folder_before_any_engine_starts(tmp_path, monkeypatch):
         make_env("doom_basic", env_config_of(Config()))
 
 
-@pytest.mark.parametrize("flags, render, shape", [
-    ({}, (160, 120), (72, 128, 3)),  # Sample Factory's render and resize
-    ({"wide_aspect_ratio": True}, (256, 144), (72, 128, 3)),
-    ({"res_w": 160, "res_h": 120}, (160, 120), (120, 160, 3)),  # no resize needed
-])
+@pytest.mark.parametrize(
+    "flags, render, shape",
+    [
+        ({}, (160, 120), (72, 128, 3)),  # Sample Factory's render and resize
+        ({"wide_aspect_ratio": True}, (256, 144), (72, 128, 3)),
+        ({"res_w": 160, "res_h": 120}, (160, 120), (120, 160, 3)),  # no resize needed
+    ],
+)
 def test_doom_renders_at_sample_factorys_resolution(tmp_path, monkeypatch, flags, render, shape):
     import dataclasses
 
@@ -180,16 +221,31 @@ def test_learner_threads_are_chosen_once_from_the_measured_load(train_dir):
     import re
 
     _skip_without_extra("atari_pong")
-    r = run_msf(["--env=atari_pong", "--experiment=thr", f"--train_dir={train_dir}", "--num_workers=2",
-                 "--num_envs_per_worker=2", "--batch_size=128", "--rollout=32", "--num_epochs=2",
-                 "--experiment_summaries_interval=5", "--train_for_seconds=45"], timeout=240)
+    r = run_msf(
+        [
+            "--env=atari_pong",
+            "--experiment=thr",
+            f"--train_dir={train_dir}",
+            "--num_workers=2",
+            "--num_envs_per_worker=2",
+            "--batch_size=128",
+            "--rollout=32",
+            "--num_epochs=2",
+            "--experiment_summaries_interval=5",
+            "--train_for_seconds=45",
+        ],
+        timeout=240,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     log = (train_dir / "thr" / "log.txt").read_text()
     cores = len(os.sched_getaffinity(0))
     start = re.findall(r"learner: (\d+) torch thread\(s\) \(--learner_threads=0: chosen again", log)
     assert start == [str(max(1, cores - 3))]  # 2 rollout workers + 1 inference worker hold a core each
-    lines = re.findall(r"learner: (\d+) torch thread\(s\) from now on, was (\d+) \(the workers kept ([\d.]+) of "
-                       r"([\d.]+) cores busy, the learner waited (\d+)% ", log)
+    lines = re.findall(
+        r"learner: (\d+) torch thread\(s\) from now on, was (\d+) \(the workers kept ([\d.]+) of "
+        r"([\d.]+) cores busy, the learner waited (\d+)% ",
+        log,
+    )
     assert len(lines) == 1, log[-3000:]  # once, never revised
     after, before, busy, share, waited = int(lines[0][0]), int(lines[0][1]), *map(float, lines[0][2:])
     assert before == int(start[0]) and share == cores

@@ -16,8 +16,10 @@ from msf.cfg.validation import ConfigError
 
 from .conftest import read_summary, run_msf
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("envpool") is None or importlib.util.find_spec("mujoco") is None,
-                                reason="envpool (extra [envpool]) or mujoco is not installed here: no wheel for this machine?")
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("envpool") is None or importlib.util.find_spec("mujoco") is None,
+    reason="envpool (extra [envpool]) or mujoco is not installed here: no wheel for this machine?",
+)
 
 from msf.envs.vector import EnvPoolSplit, GymSplit, check_envpool, envpool_task  # noqa: E402
 
@@ -26,7 +28,9 @@ def test_task_names():
     assert envpool_task("atari_pong") == "Pong-v5"
     assert envpool_task("atari_space_invaders") == "SpaceInvaders-v5"
     assert envpool_task("mujoco_halfcheetah") == "HalfCheetah-v5"
-    with pytest.raises(ConfigError, match=r"^--env_backend=envpool: serves atari_\* and mujoco_\* envs only, not 'CartPole-v1'"):
+    with pytest.raises(
+        ConfigError, match=r"^--env_backend=envpool: serves atari_\* and mujoco_\* envs only, not 'CartPole-v1'"
+    ):
         envpool_task("CartPole-v1")
     with pytest.raises(ConfigError, match="EnvPool has no Atari game 'atari_nosuch'"):
         envpool_task("atari_nosuch")
@@ -40,8 +44,11 @@ def test_missing_envpool_names_the_pip_command(monkeypatch):
 
 def _hopper_reset_like(obs: np.ndarray) -> bool:
     """Hopper-v5's reset: qpos = init + U(-0.005, 0.005) (height 1.25, angles 0), qvel = U(-0.005, 0.005)."""
-    return abs(obs[0] - 1.25) <= 0.0051 and bool(np.all(np.abs(obs[1:5]) <= 0.0051)) and \
-        bool(np.all(np.abs(obs[5:]) <= 0.0051))
+    return (
+        abs(obs[0] - 1.25) <= 0.0051
+        and bool(np.all(np.abs(obs[1:5]) <= 0.0051))
+        and bool(np.all(np.abs(obs[5:]) <= 0.0051))
+    )
 
 
 @pytest.mark.parametrize("backend", [EnvPoolSplit, GymSplit], ids=["envpool", "gymnasium"])
@@ -90,10 +97,24 @@ def test_atari_pool_matches_the_gymnasium_preprocessing():
 
 @pytest.mark.parametrize("env, frameskip", [("atari_pong", 4), ("mujoco_hopper", 1)])
 def test_training_with_envpool_end_to_end(train_dir, env, frameskip):
-    r = run_msf([f"--env={env}", "--env_backend=envpool", "--experiment=ep", f"--train_dir={train_dir}",
-                 "--num_workers=2", "--num_envs_per_worker=4", "--batch_size=128", "--rollout=16",
-                 "--encoder_conv_mlp_layers", "64", "--encoder_mlp_layers", "64", "--train_for_env_steps=6000"],
-                timeout=180)
+    r = run_msf(
+        [
+            f"--env={env}",
+            "--env_backend=envpool",
+            "--experiment=ep",
+            f"--train_dir={train_dir}",
+            "--num_workers=2",
+            "--num_envs_per_worker=4",
+            "--batch_size=128",
+            "--rollout=16",
+            "--encoder_conv_mlp_layers",
+            "64",
+            "--encoder_mlp_layers",
+            "64",
+            "--train_for_env_steps=6000",
+        ],
+        timeout=180,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     s = read_summary(train_dir, "ep")
     assert s["status"] == "done" and s["env_frames"] == frameskip * s["env_steps"]
@@ -105,6 +126,8 @@ def test_training_with_envpool_end_to_end(train_dir, env, frameskip):
 def test_envpool_for_another_family_is_one_line_exit_2(tmp_path):
     r = run_msf(["--env=CartPole-v1", "--env_backend=envpool", "--experiment=x", f"--train_dir={tmp_path}"], timeout=60)
     assert r.returncode == 2
-    assert r.stderr.strip() == ("msf-train: error: --env_backend=envpool: serves atari_* and mujoco_* envs only, "
-                                "not 'CartPole-v1'; use --env_backend=gymnasium")
+    assert r.stderr.strip() == (
+        "msf-train: error: --env_backend=envpool: serves atari_* and mujoco_* envs only, "
+        "not 'CartPole-v1'; use --env_backend=gymnasium"
+    )
     assert not (tmp_path / "x").exists()

@@ -11,20 +11,23 @@ import torch
 from .conftest import popen_msf, read_summary, run_msf, wait_until_training
 
 
-@pytest.mark.parametrize("flag, expected", [
-    ("--env=NoSuchEnv-v0", "--env: unknown environment 'NoSuchEnv-v0'"),
-    ("--batch_size=100", "--batch_size: must be a multiple of rollout=32"),
-    ("--num_workers=-1", "--num_workers: must be a positive integer, got -1"),
-    ("--recurrence=64", "--recurrence: must not be longer than rollout=32"),
-    ("--recurrence=5", "--recurrence: must divide rollout=32"),
-    ("--worker_num_splits=3", "--worker_num_splits: must divide num_envs_per_worker=2"),
-    ("--lr_schedule=cosine", "argument --lr_schedule: invalid choice: 'cosine'"),
-    ("--gamma=1.5", "--gamma: must be in [0, 1], got 1.5"),
-    ("--res_w=0", "--res_w: must be a positive integer, got 0"),
-    ("--num_policies=0", "--num_policies: must be in [1, 64], got 0"),
-    ("--with_pbt=True", "--with_pbt: needs --num_policies of at least 2"),
-    ("--train_dir=/proc/msf_not_writable", "--train_dir: '/proc/msf_not_writable' is not a writable folder"),
-])
+@pytest.mark.parametrize(
+    "flag, expected",
+    [
+        ("--env=NoSuchEnv-v0", "--env: unknown environment 'NoSuchEnv-v0'"),
+        ("--batch_size=100", "--batch_size: must be a multiple of rollout=32"),
+        ("--num_workers=-1", "--num_workers: must be a positive integer, got -1"),
+        ("--recurrence=64", "--recurrence: must not be longer than rollout=32"),
+        ("--recurrence=5", "--recurrence: must divide rollout=32"),
+        ("--worker_num_splits=3", "--worker_num_splits: must divide num_envs_per_worker=2"),
+        ("--lr_schedule=cosine", "argument --lr_schedule: invalid choice: 'cosine'"),
+        ("--gamma=1.5", "--gamma: must be in [0, 1], got 1.5"),
+        ("--res_w=0", "--res_w: must be a positive integer, got 0"),
+        ("--num_policies=0", "--num_policies: must be in [1, 64], got 0"),
+        ("--with_pbt=True", "--with_pbt: needs --num_policies of at least 2"),
+        ("--train_dir=/proc/msf_not_writable", "--train_dir: '/proc/msf_not_writable' is not a writable folder"),
+    ],
+)
 def test_bad_input_one_line_exit_2(tmp_path, flag, expected):
     args = ["--experiment=bad", "--num_workers=1", f"--train_dir={tmp_path}", flag]
     # later flags win, so the flag under test overrides the defaults given before it
@@ -45,9 +48,20 @@ def test_default_niceness_sets_the_learner_and_the_workers_follow(train_dir):
 
     if os.getpriority(os.PRIO_PROCESS, 0) > 0:
         pytest.skip("this test process already runs niced")
-    r = run_msf(["--env=CartPole-v1", "--experiment=nice", f"--train_dir={train_dir}", "--num_workers=2",
-                 "--default_niceness=4", "--train_for_env_steps=3000", "--encoder_mlp_layers", "32"], timeout=90,
-                preexec_fn=lambda: os.nice(1))
+    r = run_msf(
+        [
+            "--env=CartPole-v1",
+            "--experiment=nice",
+            f"--train_dir={train_dir}",
+            "--num_workers=2",
+            "--default_niceness=4",
+            "--train_for_env_steps=3000",
+            "--encoder_mlp_layers",
+            "32",
+        ],
+        timeout=90,
+        preexec_fn=lambda: os.nice(1),
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     log = (train_dir / "nice" / "log.txt").read_text()
     assert "learner runs at niceness 4" in log
@@ -58,9 +72,20 @@ def test_default_niceness_sets_the_learner_and_the_workers_follow(train_dir):
 def test_env_failure_ends_run_and_keeps_checkpoint(train_dir):
     exp = train_dir / "fail"
     t0 = time.monotonic()
-    r = run_msf(["--env=msf_test_envs:MsfFailingCartPole-v0", "--experiment=fail", f"--train_dir={train_dir}",
-                 "--num_workers=2", "--num_envs_per_worker=4", "--batch_size=256", "--save_every_sec=1",
-                 "--encoder_mlp_layers", "32"], timeout=90)
+    r = run_msf(
+        [
+            "--env=msf_test_envs:MsfFailingCartPole-v0",
+            "--experiment=fail",
+            f"--train_dir={train_dir}",
+            "--num_workers=2",
+            "--num_envs_per_worker=4",
+            "--batch_size=256",
+            "--save_every_sec=1",
+            "--encoder_mlp_layers",
+            "32",
+        ],
+        timeout=90,
+    )
     elapsed = time.monotonic() - t0
     assert r.returncode == 1, r.stderr[-3000:]
     assert elapsed < 4 + 20  # the env fails after 4 s; start-up and teardown take the rest
@@ -78,9 +103,20 @@ def test_a_crash_in_native_code_is_named_as_the_cause(train_dir):
     """A rollout worker killed by SIGSEGV reports nothing; its inference worker then fails on the closed
     pipe. The error names the crashed worker and the signal first, and the checkpoints survive."""
     exp = train_dir / "crash"
-    r = run_msf(["--env=msf_test_envs:MsfCrashingCartPole", "--experiment=crash", f"--train_dir={train_dir}",
-                 "--num_workers=2", "--num_envs_per_worker=4", "--batch_size=256", "--save_every_sec=1",
-                 "--encoder_mlp_layers", "32"], timeout=90)
+    r = run_msf(
+        [
+            "--env=msf_test_envs:MsfCrashingCartPole",
+            "--experiment=crash",
+            f"--train_dir={train_dir}",
+            "--num_workers=2",
+            "--num_envs_per_worker=4",
+            "--batch_size=256",
+            "--save_every_sec=1",
+            "--encoder_mlp_layers",
+            "32",
+        ],
+        timeout=90,
+    )
     assert r.returncode == 1, r.stderr[-3000:]
     log = (exp / "log.txt").read_text()
     assert "rollout_worker_0 (pid " in log and ") was killed by signal SIGSEGV" in log, log[-3000:]
@@ -92,9 +128,19 @@ def test_a_crash_in_native_code_is_named_as_the_cause(train_dir):
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_stops_cleanly_with_final_checkpoint(train_dir, sig):
-    p = popen_msf(["--env=CartPole-v1", "--experiment=sig", f"--train_dir={train_dir}", "--num_workers=2",
-                   "--num_envs_per_worker=4", "--batch_size=256", "--save_every_sec=1000",
-                   "--encoder_mlp_layers", "32"])
+    p = popen_msf(
+        [
+            "--env=CartPole-v1",
+            "--experiment=sig",
+            f"--train_dir={train_dir}",
+            "--num_workers=2",
+            "--num_envs_per_worker=4",
+            "--batch_size=256",
+            "--save_every_sec=1000",
+            "--encoder_mlp_layers",
+            "32",
+        ]
+    )
     try:
         wait_until_training(train_dir / "sig")
         assert p.poll() is None, "the run ended before the signal"
@@ -112,8 +158,16 @@ def test_signal_stops_cleanly_with_final_checkpoint(train_dir, sig):
 
 
 def test_second_ctrl_c_exits_at_once(train_dir):
-    p = popen_msf(["--env=CartPole-v1", "--experiment=sig2", f"--train_dir={train_dir}", "--num_workers=1",
-                   "--encoder_mlp_layers", "32"])
+    p = popen_msf(
+        [
+            "--env=CartPole-v1",
+            "--experiment=sig2",
+            f"--train_dir={train_dir}",
+            "--num_workers=1",
+            "--encoder_mlp_layers",
+            "32",
+        ]
+    )
     try:
         wait_until_training(train_dir / "sig2")
         p.send_signal(signal.SIGINT)
@@ -133,10 +187,24 @@ def test_ctrl_c_during_start_up_exits_130_even_when_started_with_sigint_ignored(
 
     from .conftest import msf_env
 
-    p = subprocess.Popen([sys.executable, "-m", "msf.train", "--device=cpu", "--env=CartPole-v1", "--experiment=early",
-                          f"--train_dir={train_dir}", "--num_workers=2", "--train_for_env_steps=5000000"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=msf_env(),
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "msf.train",
+            "--device=cpu",
+            "--env=CartPole-v1",
+            "--experiment=early",
+            f"--train_dir={train_dir}",
+            "--num_workers=2",
+            "--train_for_env_steps=5000000",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=msf_env(),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
     try:
         time.sleep(1.5)
         p.send_signal(signal.SIGINT)
@@ -157,10 +225,26 @@ def test_ctrl_c_to_the_process_group_while_workers_start_is_quiet_and_saves_noth
     from .conftest import msf_env
 
     exp = train_dir / "startup"
-    p = subprocess.Popen([sys.executable, "-m", "msf.train", "--device=cpu", "--env=CartPole-v1", "--experiment=startup",
-                          f"--train_dir={train_dir}", "--num_workers=2", "--num_policies=2", "--with_progress_bar=False",
-                          "--train_for_env_steps=5000000"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=msf_env(), start_new_session=True)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "msf.train",
+            "--device=cpu",
+            "--env=CartPole-v1",
+            "--experiment=startup",
+            f"--train_dir={train_dir}",
+            "--num_workers=2",
+            "--num_policies=2",
+            "--with_progress_bar=False",
+            "--train_for_env_steps=5000000",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=msf_env(),
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and len(_children(p.pid)) < 4:  # 2 inference + 2 rollout workers

@@ -6,9 +6,18 @@ import pytest
 
 from .conftest import read_summary, run_msf
 
-MEMORY = ["--env=msf_test_envs:MsfCueMemory-v0", "--seed=0", "--num_workers=2", "--num_envs_per_worker=16",
-          "--batch_size=256", "--rollout=32", "--encoder_mlp_layers", "32", "--learning_rate=1e-3",
-          "--train_for_env_steps=200000"]
+MEMORY = [
+    "--env=msf_test_envs:MsfCueMemory-v0",
+    "--seed=0",
+    "--num_workers=2",
+    "--num_envs_per_worker=16",
+    "--batch_size=256",
+    "--rollout=32",
+    "--encoder_mlp_layers",
+    "32",
+    "--learning_rate=1e-3",
+    "--train_for_env_steps=200000",
+]
 
 
 @pytest.mark.parametrize("rnn", [["--use_rnn=True", "--rnn_size=32"], []], ids=["gru", "feed_forward"])
@@ -31,8 +40,15 @@ def test_memory_task_needs_the_recurrent_core(train_dir, rnn):
 
 
 def test_lstm_core_trains_and_resumes(train_dir):
-    args = [*MEMORY[:-1], "--experiment=lstm", f"--train_dir={train_dir}", "--use_rnn=True", "--rnn_type=lstm",
-            "--rnn_size=16", "--recurrence=16"]
+    args = [
+        *MEMORY[:-1],
+        "--experiment=lstm",
+        f"--train_dir={train_dir}",
+        "--use_rnn=True",
+        "--rnn_type=lstm",
+        "--rnn_size=16",
+        "--recurrence=16",
+    ]
     r = run_msf([*args, "--train_for_env_steps=20000"], timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     r = run_msf([*args, "--train_for_env_steps=40000"], timeout=120)
@@ -47,15 +63,27 @@ def test_lstm_core_trains_and_resumes(train_dir):
 
     from .conftest import msf_env
 
-    r = subprocess.run([sys.executable, "-m", "msf.enjoy", "--experiment=lstm", f"--train_dir={train_dir}",
-                        "--max_num_episodes=20"], capture_output=True, text=True, timeout=120, env=msf_env())
+    r = subprocess.run(
+        [sys.executable, "-m", "msf.enjoy", "--experiment=lstm", f"--train_dir={train_dir}", "--max_num_episodes=20"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=msf_env(),
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     ev = json.loads((train_dir / "lstm" / "eval.json").read_text())
     assert ev["num_episodes"] == 20 and all(e["length"] == 10 for e in ev["episodes"])  # cue, 8 blanks, query
 
 
-SPACES_FLAGS = ["--num_workers=2", "--num_envs_per_worker=8", "--batch_size=256", "--encoder_mlp_layers", "64",
-                "--learning_rate=1e-3", "--seed=0"]
+SPACES_FLAGS = [
+    "--num_workers=2",
+    "--num_envs_per_worker=8",
+    "--batch_size=256",
+    "--encoder_mlp_layers",
+    "64",
+    "--learning_rate=1e-3",
+    "--seed=0",
+]
 
 
 def _enjoy(train_dir, exp: str, episodes: int, *extra: str) -> dict:
@@ -65,8 +93,21 @@ def _enjoy(train_dir, exp: str, episodes: int, *extra: str) -> dict:
 
     from .conftest import msf_env
 
-    r = subprocess.run([sys.executable, "-m", "msf.enjoy", f"--experiment={exp}", f"--train_dir={train_dir}",
-                        f"--max_num_episodes={episodes}", *extra], capture_output=True, text=True, timeout=120, env=msf_env())
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "msf.enjoy",
+            f"--experiment={exp}",
+            f"--train_dir={train_dir}",
+            f"--max_num_episodes={episodes}",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=msf_env(),
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads((train_dir / exp / "eval.json").read_text())
 
@@ -77,8 +118,16 @@ def test_dict_observations_and_action_masks(train_dir):
 
     spaces = env_spaces("msf_test_envs:MsfDictMask-v0")
     assert spaces.obs_layout == (("action_mask", (3,), 3), ("cue", (3,), 3), ("noise", (4,), 4))
-    r = run_msf(["--env=msf_test_envs:MsfDictMask-v0", "--experiment=dm", f"--train_dir={train_dir}", *SPACES_FLAGS,
-                 "--train_for_env_steps=60000"], timeout=180)
+    r = run_msf(
+        [
+            "--env=msf_test_envs:MsfDictMask-v0",
+            "--experiment=dm",
+            f"--train_dir={train_dir}",
+            *SPACES_FLAGS,
+            "--train_for_env_steps=60000",
+        ],
+        timeout=180,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     ev = _enjoy(train_dir, "dm", 10)
     assert all(e["return"] >= 0 for e in ev["episodes"]), ev  # a forbidden action was never taken
@@ -91,8 +140,16 @@ def test_multi_discrete_and_tuple_actions(train_dir, env):
 
     spaces = env_spaces(f"msf_test_envs:{env}")
     assert (spaces.action_nvec, spaces.action_shape, spaces.num_actions) == ((3, 3), (2,), 6)
-    r = run_msf([f"--env=msf_test_envs:{env}", "--experiment=md", f"--train_dir={train_dir}", *SPACES_FLAGS,
-                 "--train_for_env_steps=60000"], timeout=180)
+    r = run_msf(
+        [
+            f"--env=msf_test_envs:{env}",
+            "--experiment=md",
+            f"--train_dir={train_dir}",
+            *SPACES_FLAGS,
+            "--train_for_env_steps=60000",
+        ],
+        timeout=180,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     # random choices earn 2 x 0.5 x 1/3 per step = 6.7 per episode; both dimensions right: 20
     assert read_summary(train_dir, "md")["episode_return_mean"] >= 14

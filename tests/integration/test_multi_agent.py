@@ -21,8 +21,18 @@ from msf.envs.registry import env_spaces
 from .conftest import msf_env, read_summary, run_msf
 
 ENV = "msf_test_envs:MsfCoinRace-v0"
-FLAGS = ["--num_workers=2", "--num_envs_per_worker=8", "--worker_num_splits=2", "--batch_size=512", "--rollout=32",
-         "--learning_rate=1e-3", "--encoder_mlp_layers", "64", "64", "--exploration_loss_coeff=0.01"]
+FLAGS = [
+    "--num_workers=2",
+    "--num_envs_per_worker=8",
+    "--worker_num_splits=2",
+    "--batch_size=512",
+    "--rollout=32",
+    "--learning_rate=1e-3",
+    "--encoder_mlp_layers",
+    "64",
+    "64",
+    "--exploration_loss_coeff=0.01",
+]
 
 
 def test_spaces_are_one_agents_and_count_the_agents():
@@ -77,8 +87,17 @@ def test_self_play_learns_to_beat_a_random_player(train_dir):
     from msf.model.actor_critic import ActorCritic
     from msf.persistence.checkpoint import load_latest_checkpoint
 
-    r = run_msf([f"--env={ENV}", "--experiment=coins", f"--train_dir={train_dir}", "--seed=0",
-                 "--train_for_env_steps=150000", *FLAGS], timeout=240)
+    r = run_msf(
+        [
+            f"--env={ENV}",
+            "--experiment=coins",
+            f"--train_dir={train_dir}",
+            "--seed=0",
+            "--train_for_env_steps=150000",
+            *FLAGS,
+        ],
+        timeout=240,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     s = read_summary(train_dir, "coins")
     assert s["status"] == "done" and 150_000 <= s["env_steps"] < 150_000 + 512  # agent steps
@@ -94,16 +113,31 @@ def test_self_play_learns_to_beat_a_random_player(train_dir):
 def test_pettingzoo_parallel_env_trains_and_plays(train_dir):
     pytest.importorskip("pettingzoo", reason="pettingzoo (extra [pettingzoo]) is not installed here")
     env = "msf_test_envs:msf_coin_race_pz"
-    r = run_msf([f"--env={env}", "--experiment=pz", f"--train_dir={train_dir}", "--train_for_env_steps=20000",
-                 *FLAGS], timeout=180)
+    r = run_msf(
+        [f"--env={env}", "--experiment=pz", f"--train_dir={train_dir}", "--train_for_env_steps=20000", *FLAGS],
+        timeout=180,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     s = read_summary(train_dir, "pz")
     # 20,000 agent steps of 40-step episodes: about 500 agent-episodes, less those still running and the last
     # stats not yet drained; one agent's alone would be about 250
     assert s["status"] == "done" and s["episodes"] >= 300, s
-    r = subprocess.run([sys.executable, "-m", "msf.enjoy", f"--env={env}", "--experiment=pz",
-                        f"--train_dir={train_dir}", "--max_num_episodes=3", "--no_render=True"],
-                       capture_output=True, text=True, timeout=120, env=msf_env())
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "msf.enjoy",
+            f"--env={env}",
+            "--experiment=pz",
+            f"--train_dir={train_dir}",
+            "--max_num_episodes=3",
+            "--no_render=True",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=msf_env(),
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     ev = json.loads((train_dir / "pz" / "eval.json").read_text())
     assert ev["num_episodes"] == 3 and all(len(e["agent_returns"]) == 2 and e["length"] == 40 for e in ev["episodes"])
@@ -128,8 +162,13 @@ def test_pettingzoo_wrapper_refuses_what_msf_cannot_train():
 
     def one_leaves(actions):
         obs, rew, term, trunc, info = real_step(actions)
-        return ({"player_0": obs["player_0"]}, {"player_0": rew["player_0"]}, {"player_0": False},
-                {"player_0": False}, {})
+        return (
+            {"player_0": obs["player_0"]},
+            {"player_0": rew["player_0"]},
+            {"player_0": False},
+            {"player_0": False},
+            {},
+        )
 
     pz.step = one_leaves
     with pytest.raises(ValueError, match=r"agent\(s\) \['player_1'\] left the episode before the others"):

@@ -21,8 +21,10 @@ from .conftest import SMALL_ENV_FLAGS, msf_env, read_summary, run_msf, wait_unti
 
 HOSTS2 = "--hosts=127.0.0.1,127.0.0.1"
 # CartPole over two nodes of one device group each: half the batch per replica, one rollout worker per node
-TWO_NODE_FLAGS = [f for f in SMALL_ENV_FLAGS if not f.startswith(("--batch_size", "--num_workers"))] + \
-    ["--batch_size=256", "--num_workers=1"]
+TWO_NODE_FLAGS = [f for f in SMALL_ENV_FLAGS if not f.startswith(("--batch_size", "--num_workers"))] + [
+    "--batch_size=256",
+    "--num_workers=1",
+]
 SMALL = ["--num_workers=1", "--num_envs_per_worker=4", "--batch_size=128", "--encoder_mlp_layers", "32"]
 SHORT = ["--env=CartPole-v1", *SMALL]
 
@@ -33,14 +35,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(args: list[str], env: dict | None = None, prefix: list[str] | None = None,
-          module: str = "msf.train") -> subprocess.Popen:
+def start(
+    args: list[str], env: dict | None = None, prefix: list[str] | None = None, module: str = "msf.train"
+) -> subprocess.Popen:
     """One "node": ``python -m msf.train ARGS`` in a session of its own (so it can be killed whole)."""
     e = msf_env()
     e.update(env or {})
     cmd = [*(prefix or []), sys.executable, "-m", module, *args]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e,
-                            start_new_session=True)
+    return subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e, start_new_session=True
+    )
 
 
 def finish(*procs: subprocess.Popen, timeout: float) -> list[tuple[int, str, str]]:
@@ -59,18 +63,31 @@ def finish(*procs: subprocess.Popen, timeout: float) -> list[tuple[int, str, str
 
 def node_args(train_dir: Path, node: int, exp: str, port: int, extra: list[str], hosts: str = HOSTS2) -> list[str]:
     nnodes = len(hosts.split("=", 1)[1].split(","))
-    return ["--device=cpu", "--with_progress_bar=False", f"--experiment={exp}", f"--train_dir={train_dir / f'node{node}'}",
-            f"--nnodes={nnodes}", f"--node_rank={node}", hosts, f"--master_port={port}", *extra]
+    return [
+        "--device=cpu",
+        "--with_progress_bar=False",
+        f"--experiment={exp}",
+        f"--train_dir={train_dir / f'node{node}'}",
+        f"--nnodes={nnodes}",
+        f"--node_rank={node}",
+        hosts,
+        f"--master_port={port}",
+        *extra,
+    ]
 
 
 # --- bad input: before anything is spawned --------------------------------------------------------
 
-@pytest.mark.parametrize("args, expected", [
-    (["--nnodes=2", "--node_rank=2", HOSTS2], "--node_rank:"),
-    (["--nnodes=2", "--hosts=127.0.0.1"], "--hosts:"),
-    (["--nnodes=2", "--hosts=127.0.0.1,no-such-host.invalid"], "--hosts: cannot resolve 'no-such-host.invalid'"),
-    (["--nnodes=2"], "--hosts: required with --nnodes=2"),
-])
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--nnodes=2", "--node_rank=2", HOSTS2], "--node_rank:"),
+        (["--nnodes=2", "--hosts=127.0.0.1"], "--hosts:"),
+        (["--nnodes=2", "--hosts=127.0.0.1,no-such-host.invalid"], "--hosts: cannot resolve 'no-such-host.invalid'"),
+        (["--nnodes=2"], "--hosts: required with --nnodes=2"),
+    ],
+)
 def test_bad_node_flags_one_line_exit_2(tmp_path, args, expected):
     r = run_msf(["--experiment=bad", f"--train_dir={tmp_path}", *args], timeout=60)
     assert r.returncode == 2
@@ -80,10 +97,20 @@ def test_bad_node_flags_one_line_exit_2(tmp_path, args, expected):
 
 def test_max_restarts_resumes_after_a_failure_and_the_curves_continue(train_dir, tmp_path):
     marker = tmp_path / "failed_once"
-    r = run_msf(["--env=msf_test_envs:MsfFailOnceCartPole-v0", *SMALL, "--experiment=rs",
-                 f"--train_dir={train_dir}", "--save_every_sec=1", "--max_restarts=1", "--train_for_env_steps=60000",
-                 "--experiment_summaries_interval=1"], timeout=180,
-                env={**msf_env(), "MSF_TEST_FAIL_ONCE_MARKER": str(marker), "MSF_TEST_FAIL_AFTER_S": "4"})
+    r = run_msf(
+        [
+            "--env=msf_test_envs:MsfFailOnceCartPole-v0",
+            *SMALL,
+            "--experiment=rs",
+            f"--train_dir={train_dir}",
+            "--save_every_sec=1",
+            "--max_restarts=1",
+            "--train_for_env_steps=60000",
+            "--experiment_summaries_interval=1",
+        ],
+        timeout=180,
+        env={**msf_env(), "MSF_TEST_FAIL_ONCE_MARKER": str(marker), "MSF_TEST_FAIL_AFTER_S": "4"},
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert marker.exists()  # it did fail once
     log = (train_dir / "rs" / "log.txt").read_text()
@@ -99,13 +126,22 @@ def test_max_restarts_resumes_after_a_failure_and_the_curves_continue(train_dir,
 
 
 def test_without_restarts_a_failure_ends_the_job(train_dir, tmp_path):
-    r = run_msf(["--env=msf_test_envs:MsfFailOnceCartPole-v0", *SMALL, "--experiment=nors",
-                 f"--train_dir={train_dir}", "--train_for_env_steps=60000"], timeout=120,
-                env={**msf_env(), "MSF_TEST_FAIL_ONCE_MARKER": str(tmp_path / "m"), "MSF_TEST_FAIL_AFTER_S": "3"})
+    r = run_msf(
+        [
+            "--env=msf_test_envs:MsfFailOnceCartPole-v0",
+            *SMALL,
+            "--experiment=nors",
+            f"--train_dir={train_dir}",
+            "--train_for_env_steps=60000",
+        ],
+        timeout=120,
+        env={**msf_env(), "MSF_TEST_FAIL_ONCE_MARKER": str(tmp_path / "m"), "MSF_TEST_FAIL_AFTER_S": "3"},
+    )
     assert r.returncode == 1 and "deliberate one-time failure" in r.stderr
 
 
 # --- two nodes on one machine (slow) -----------------------------------------------------------------
+
 
 def _listeners(port: int) -> list[str]:
     out = subprocess.run(["ss", "-ltnH"], capture_output=True, text=True).stdout
@@ -136,11 +172,31 @@ def test_two_nodes_with_torchrun_reach_450(train_dir):
     port = free_port()
     procs = []
     for node in range(2):
-        args = ["--device=cpu", "--with_progress_bar=False", "--experiment=tr", f"--train_dir={train_dir / f'node{node}'}",
-                "--env=CartPole-v1", "--seed=0", "--train_for_env_steps=300000", *TWO_NODE_FLAGS]
-        procs.append(start(["--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d",
-                            f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=msftest", "-m", "msf.train", *args],
-                           module="torch.distributed.run"))
+        args = [
+            "--device=cpu",
+            "--with_progress_bar=False",
+            "--experiment=tr",
+            f"--train_dir={train_dir / f'node{node}'}",
+            "--env=CartPole-v1",
+            "--seed=0",
+            "--train_for_env_steps=300000",
+            *TWO_NODE_FLAGS,
+        ]
+        procs.append(
+            start(
+                [
+                    "--nnodes=2",
+                    "--nproc_per_node=1",
+                    "--rdzv_backend=c10d",
+                    f"--rdzv_endpoint=127.0.0.1:{port}",
+                    "--rdzv_id=msftest",
+                    "-m",
+                    "msf.train",
+                    *args,
+                ],
+                module="torch.distributed.run",
+            )
+        )
     results = finish(*procs, timeout=360)
     assert all(r == 0 for r, _, _ in results), [e[-2000:] for _, _, e in results]
     summaries = [train_dir / f"node{n}" / "tr" / "summary.json" for n in range(2)]
@@ -154,11 +210,12 @@ def test_two_nodes_with_torchrun_reach_450(train_dir):
 def test_a_node_that_never_arrives_is_named(train_dir):
     port = free_port()
     t0 = time.monotonic()
-    (r0, _, e0), = finish(start(node_args(train_dir, 0, "miss", port, [*SHORT, "--dist_timeout=8"])), timeout=90)
+    ((r0, _, e0),) = finish(start(node_args(train_dir, 0, "miss", port, [*SHORT, "--dist_timeout=8"])), timeout=90)
     assert r0 == 1 and time.monotonic() - t0 < 8 + 30
     assert "node 1 (127.0.0.1) did not join within --dist_timeout=8 s" in e0.strip().splitlines()[-1], e0[-2000:]
-    (r1, _, e1), = finish(start(node_args(train_dir, 1, "miss", free_port(), [*SHORT, "--dist_timeout=5"])),
-                          timeout=90)
+    ((r1, _, e1),) = finish(
+        start(node_args(train_dir, 1, "miss", free_port(), [*SHORT, "--dist_timeout=5"])), timeout=90
+    )
     assert r1 == 1
     assert "could not reach the rendezvous at 127.0.0.1" in e1.strip().splitlines()[-1], e1[-2000:]
 
@@ -174,7 +231,9 @@ def test_mismatched_configs_and_a_rank_claimed_twice_exit_2(train_dir):
         assert e.strip().splitlines()[-1].startswith("msf-train: error: --learning_rate: node 1 runs another config")
     port = free_port()
     hosts3 = "--hosts=127.0.0.1,127.0.0.1,127.0.0.1"
-    procs = [start(node_args(train_dir, n, "dup", port, [*SHORT, "--dist_timeout=30"], hosts=hosts3)) for n in (0, 1, 1)]
+    procs = [
+        start(node_args(train_dir, n, "dup", port, [*SHORT, "--dist_timeout=30"], hosts=hosts3)) for n in (0, 1, 1)
+    ]
     results = finish(*procs, timeout=90)
     assert sorted(r for r, _, _ in results) == [2, 2, 2], [e[-1500:] for _, _, e in results]
     assert any("--node_rank: rank 1 is claimed twice" in e for _, _, e in results)
@@ -190,7 +249,7 @@ def test_a_killed_node_ends_the_job_and_the_same_command_resumes(train_dir):
     time.sleep(2.0)  # checkpoints exist
     os.killpg(n1.pid, signal.SIGKILL)
     t0 = time.monotonic()
-    (r0, _, e0), = finish(n0, timeout=60)
+    ((r0, _, e0),) = finish(n0, timeout=60)
     finish(n1, timeout=10)
     assert r0 != 0 and time.monotonic() - t0 < 20 + 5
     assert "lost rank 1 (127.0.0.1)" in e0, e0[-2000:]
@@ -219,12 +278,30 @@ def test_slurm_one_task_per_node_with_a_fake_scontrol(train_dir, tmp_path):
     port = free_port()
     procs = []
     for node in range(2):
-        env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "fake[1-2]",
-               "SLURM_NNODES": "2", "SLURM_NTASKS": "2", "SLURM_NODEID": str(node), "SLURM_PROCID": str(node),
-               "SLURM_LOCALID": "0"}
-        procs.append(start(["--device=cpu", "--with_progress_bar=False", "--experiment=sl",
-                            f"--train_dir={train_dir / f'node{node}'}", f"--master_port={port}", *SHORT,
-                            "--train_for_env_steps=20000"], env=env))
+        env = {
+            "PATH": f"{bin_dir}:{os.environ['PATH']}",
+            "SLURM_JOB_ID": "42",
+            "SLURM_JOB_NODELIST": "fake[1-2]",
+            "SLURM_NNODES": "2",
+            "SLURM_NTASKS": "2",
+            "SLURM_NODEID": str(node),
+            "SLURM_PROCID": str(node),
+            "SLURM_LOCALID": "0",
+        }
+        procs.append(
+            start(
+                [
+                    "--device=cpu",
+                    "--with_progress_bar=False",
+                    "--experiment=sl",
+                    f"--train_dir={train_dir / f'node{node}'}",
+                    f"--master_port={port}",
+                    *SHORT,
+                    "--train_for_env_steps=20000",
+                ],
+                env=env,
+            )
+        )
     results = finish(*procs, timeout=180)
     assert all(r == 0 for r, _, _ in results), [e[-2000:] for _, _, e in results]
     assert "show hostnames fake[1-2]" in calls.read_text()
@@ -266,10 +343,15 @@ def test_two_nodes_in_two_network_namespaces_over_a_veth_pair(train_dir):
         port = 29517
         procs = []
         for node in range(2):
-            args = node_args(train_dir, node, "ns", port, [*SHORT, "--train_for_env_steps=20000", "--dist_timeout=60"],
-                             hosts=f"--hosts={addrs[0]},{addrs[1]}")
-            procs.append(start(args, env={"GLOO_SOCKET_IFNAME": veth[node]},
-                               prefix=["ip", "netns", "exec", ns[node]]))
+            args = node_args(
+                train_dir,
+                node,
+                "ns",
+                port,
+                [*SHORT, "--train_for_env_steps=20000", "--dist_timeout=60"],
+                hosts=f"--hosts={addrs[0]},{addrs[1]}",
+            )
+            procs.append(start(args, env={"GLOO_SOCKET_IFNAME": veth[node]}, prefix=["ip", "netns", "exec", ns[node]]))
         results = finish(*procs, timeout=240)
         assert all(r == 0 for r, _, _ in results), [e[-2000:] for _, _, e in results]
         s = read_summary(train_dir / "node0", "ns")
@@ -283,8 +365,14 @@ def test_two_nodes_in_two_network_namespaces_over_a_veth_pair(train_dir):
 def test_two_nodes_restart_together_after_a_failure(train_dir, tmp_path):
     port = free_port()
     env = {"MSF_TEST_FAIL_ONCE_MARKER": str(tmp_path / "failed_once"), "MSF_TEST_FAIL_AFTER_S": "4"}
-    args = ["--env=msf_test_envs:MsfFailOnceCartPole-v0", *SMALL, "--train_for_env_steps=40000", "--save_every_sec=1",
-            "--max_restarts=1", "--dist_timeout=60"]
+    args = [
+        "--env=msf_test_envs:MsfFailOnceCartPole-v0",
+        *SMALL,
+        "--train_for_env_steps=40000",
+        "--save_every_sec=1",
+        "--max_restarts=1",
+        "--dist_timeout=60",
+    ]
     n0 = start(node_args(train_dir, 0, "rs2", port, args), env=env)
     n1 = start(node_args(train_dir, 1, "rs2", port, args), env=env)
     (r0, _, e0), (r1, _, e1) = finish(n0, n1, timeout=240)
@@ -301,9 +389,18 @@ def test_two_nodes_restart_together_after_a_failure(train_dir, tmp_path):
 def test_two_nodes_with_two_policies_and_pbt(train_dir):
     """Each policy's process group spans both nodes; PBT's decision is made on node 0 and applied on both."""
     port = free_port()
-    args = [*SHORT, "--seed=3", "--num_policies=2", "--with_pbt=True", "--pbt_period_env_steps=10000",
-            "--pbt_start_mutation=0", "--pbt_replace_reward_gap=0", "--ddp_check_interval=1", "--learning_rate=1e-3",
-            "--train_for_env_steps=30000"]
+    args = [
+        *SHORT,
+        "--seed=3",
+        "--num_policies=2",
+        "--with_pbt=True",
+        "--pbt_period_env_steps=10000",
+        "--pbt_start_mutation=0",
+        "--pbt_replace_reward_gap=0",
+        "--ddp_check_interval=1",
+        "--learning_rate=1e-3",
+        "--train_for_env_steps=30000",
+    ]
     n0 = start(node_args(train_dir, 0, "pop", port, args))
     n1 = start(node_args(train_dir, 1, "pop", port, args))
     (r0, _, e0), (r1, _, e1) = finish(n0, n1, timeout=300)

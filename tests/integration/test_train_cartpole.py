@@ -10,14 +10,33 @@ import torch
 
 from .conftest import SMALL_ENV_FLAGS, read_summary, run_msf
 
-SUMMARY_KEYS = {"env_steps", "env_frames", "wall_seconds", "fps", "train_steps", "episodes", "episode_return_mean",
-                "policy_lag_mean", "world_size", "status"}
+SUMMARY_KEYS = {
+    "env_steps",
+    "env_frames",
+    "wall_seconds",
+    "fps",
+    "train_steps",
+    "episodes",
+    "episode_return_mean",
+    "policy_lag_mean",
+    "world_size",
+    "status",
+}
 
 
 def _train_cartpole(train_dir, seed: int, steps: int = 300_000) -> dict:
     exp = f"cartpole_s{seed}"
-    r = run_msf(["--env=CartPole-v1", f"--experiment={exp}", f"--train_dir={train_dir}", f"--seed={seed}",
-                 f"--train_for_env_steps={steps}", *SMALL_ENV_FLAGS], timeout=240)
+    r = run_msf(
+        [
+            "--env=CartPole-v1",
+            f"--experiment={exp}",
+            f"--train_dir={train_dir}",
+            f"--seed={seed}",
+            f"--train_for_env_steps={steps}",
+            *SMALL_ENV_FLAGS,
+        ],
+        timeout=240,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     return read_summary(train_dir, exp)
 
@@ -54,8 +73,17 @@ def test_cartpole_three_seeds():
 
 
 def test_frameskip_counts_frames_and_resume_continues(train_dir):
-    common = ["--env=CartPole-v1", "--experiment=fs", f"--train_dir={train_dir}", "--num_workers=1",
-              "--num_envs_per_worker=2", "--batch_size=128", "--env_frameskip=4", "--encoder_mlp_layers", "32"]
+    common = [
+        "--env=CartPole-v1",
+        "--experiment=fs",
+        f"--train_dir={train_dir}",
+        "--num_workers=1",
+        "--num_envs_per_worker=2",
+        "--batch_size=128",
+        "--env_frameskip=4",
+        "--encoder_mlp_layers",
+        "32",
+    ]
     r = run_msf([*common, "--train_for_env_steps=20000"], timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     s1 = read_summary(train_dir, "fs")

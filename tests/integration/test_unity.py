@@ -41,9 +41,24 @@ def test_the_wrapper_maps_teams_agents_and_their_own_episode_ends():
 
 
 def test_two_teams_train_end_to_end_with_dict_observations(train_dir):
-    r = run_msf(["--env=msf_test_envs:unity_fake_duel", "--experiment=unity", f"--train_dir={train_dir}", "--seed=0",
-                 "--num_policies=2", "--num_workers=2", "--num_envs_per_worker=2", "--batch_size=256", "--rollout=16",
-                 "--learning_rate=3e-3", "--encoder_mlp_layers", "32", "--train_for_env_steps=60000"], timeout=240)
+    r = run_msf(
+        [
+            "--env=msf_test_envs:unity_fake_duel",
+            "--experiment=unity",
+            f"--train_dir={train_dir}",
+            "--seed=0",
+            "--num_policies=2",
+            "--num_workers=2",
+            "--num_envs_per_worker=2",
+            "--batch_size=256",
+            "--rollout=16",
+            "--learning_rate=3e-3",
+            "--encoder_mlp_layers",
+            "32",
+            "--train_for_env_steps=60000",
+        ],
+        timeout=240,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     s = read_summary(train_dir, "unity")
     assert s["status"] == "done"
@@ -59,9 +74,17 @@ def test_two_teams_train_end_to_end_with_dict_observations(train_dir):
 def test_a_unity_scene_needs_its_path(tmp_path):
     r = run_msf(["--env=unity_soccer", "--experiment=u", f"--train_dir={tmp_path}"], timeout=60)
     assert r.returncode == 2
-    assert r.stderr.strip() == ("msf-train: error: --unity_env_path: unity_soccer needs the path of a built Unity "
-                                "scene (an executable)")
-    r = run_msf(["--env=unity_soccer", f"--unity_env_path={tmp_path / 'nope.x86_64'}", "--experiment=u",
-                 f"--train_dir={tmp_path}"], timeout=60)
+    assert r.stderr.strip() == (
+        "msf-train: error: --unity_env_path: unity_soccer needs the path of a built Unity scene (an executable)"
+    )
+    r = run_msf(
+        [
+            "--env=unity_soccer",
+            f"--unity_env_path={tmp_path / 'nope.x86_64'}",
+            "--experiment=u",
+            f"--train_dir={tmp_path}",
+        ],
+        timeout=60,
+    )
     assert r.returncode == 2 and "--unity_env_path: no file" in r.stderr
     assert not (tmp_path / "u").exists()

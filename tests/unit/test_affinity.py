@@ -7,8 +7,15 @@ import os
 
 import pytest
 
-from msf.sampling.affinity import (auto_learner_threads, learner_threads, pin_this_process, raise_niceness,
-                                   set_learner_niceness, usable_cores, worker_cores)
+from msf.runtime.affinity import (
+    auto_learner_threads,
+    learner_threads,
+    pin_this_process,
+    raise_niceness,
+    set_learner_niceness,
+    usable_cores,
+    worker_cores,
+)
 
 
 def test_workers_spread_evenly_are_pinned_round_robin():
@@ -78,28 +85,34 @@ def test_niceness_is_raised_by_offsets_and_lowered_only_with_privileges():
     assert capped == 19
 
 
-@pytest.mark.parametrize("flag, workers, inference, nproc, cores, want", [
-    (0, 2, 1, 1, 2, 1),  # 2 cores, 2 workers + 1 inference worker: none spare, still 1
-    (2, 2, 1, 1, 2, 2),  # given: taken as is
-    (0, 4, 2, 2, 16, 5),  # 16 - (4 + 2) = 10 spare, 2 replicas
-    (0, 4, 4, 1, 16, 8),  # 2 policies x 2 inference workers
-])
+@pytest.mark.parametrize(
+    "flag, workers, inference, nproc, cores, want",
+    [
+        (0, 2, 1, 1, 2, 1),  # 2 cores, 2 workers + 1 inference worker: none spare, still 1
+        (2, 2, 1, 1, 2, 2),  # given: taken as is
+        (0, 4, 2, 2, 16, 5),  # 16 - (4 + 2) = 10 spare, 2 replicas
+        (0, 4, 4, 1, 16, 8),  # 2 policies x 2 inference workers
+    ],
+)
 def test_learner_threads_at_the_start(flag, workers, inference, nproc, cores, want):
     assert learner_threads(flag, workers, inference, nproc, cores) == want
 
 
-@pytest.mark.parametrize("case, args, want", [
-    # waiting shares measured on 2 cores with 1 learner thread (benchmarks/README.md, 2026-11-30):
-    # atari_pong: workers idle most of the time, learner the bottleneck -> 2 - (2 x 0.12 + 0.24) = 1.52 -> 2
-    ("atari_pong", (2.0, 2, 0.88, 1, 0.76, 0.0, 1), 2),
-    # doom_basic: busy ViZDoom workers -> 2 - (2 x 0.56 + 0.75) = 0.13 -> 1 (2 threads measured slower)
-    ("doom_basic", (2.0, 2, 0.44, 1, 0.25, 0.0, 1), 1),
-    # CartPole: the learner waits 75% of the time, it is not the bottleneck: keep what it has
-    ("CartPole", (2.0, 2, 0.73, 1, 0.05, 0.75, 1), 1),
-    # 16 cores, 2 replicas: a share of 8, 4 + 1 workers each nearly idle -> 8 - 0.5 = 7.5 -> 8 (the share's cap)
-    ("16 cores, 2 replicas", (8.0, 4, 0.9, 1, 0.9, 0.0, 3), 8),
-    # 2 replicas on 2 cores: a share of 1 core, never more than 1 thread
-    ("share of one core", (1.0, 1, 0.95, 1, 0.95, 0.0, 1), 1),
-])
+@pytest.mark.parametrize(
+    "case, args, want",
+    [
+        # waiting shares measured on 2 cores with 1 learner thread (benchmarks/README.md, 2026-11-30):
+        # atari_pong: workers idle most of the time, learner the bottleneck -> 2 - (2 x 0.12 + 0.24) = 1.52 -> 2
+        ("atari_pong", (2.0, 2, 0.88, 1, 0.76, 0.0, 1), 2),
+        # doom_basic: busy ViZDoom workers -> 2 - (2 x 0.56 + 0.75) = 0.13 -> 1 (2 threads measured slower)
+        ("doom_basic", (2.0, 2, 0.44, 1, 0.25, 0.0, 1), 1),
+        # CartPole: the learner waits 75% of the time, it is not the bottleneck: keep what it has
+        ("CartPole", (2.0, 2, 0.73, 1, 0.05, 0.75, 1), 1),
+        # 16 cores, 2 replicas: a share of 8, 4 + 1 workers each nearly idle -> 8 - 0.5 = 7.5 -> 8 (the share's cap)
+        ("16 cores, 2 replicas", (8.0, 4, 0.9, 1, 0.9, 0.0, 3), 8),
+        # 2 replicas on 2 cores: a share of 1 core, never more than 1 thread
+        ("share of one core", (1.0, 1, 0.95, 1, 0.95, 0.0, 1), 1),
+    ],
+)
 def test_auto_learner_threads_from_measured_waiting(case, args, want):
     assert auto_learner_threads(*args) == want

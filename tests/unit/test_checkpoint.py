@@ -5,8 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from msf.persistence.checkpoint import (BackgroundCheckpointWriter, list_checkpoints, load_latest_checkpoint,
-                                        save_checkpoint)
+from msf.persistence.checkpoint import (
+    BackgroundCheckpointWriter,
+    list_checkpoints,
+    load_latest_checkpoint,
+    save_checkpoint,
+)
 
 
 def _state(step: int, value: float) -> dict:

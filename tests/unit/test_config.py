@@ -12,8 +12,19 @@ from msf.cfg.validation import ConfigError, validate
 
 
 def test_sample_factory_spellings_parse(tmp_path):
-    cfg, given = parse_args(["--with_vtrace=False", "--normalize_input", "true", "--encoder_mlp_layers", "64", "32",
-                             "--train_for_env_steps=1e6", f"--train_dir={tmp_path}", "--seed=3"])
+    cfg, given = parse_args(
+        [
+            "--with_vtrace=False",
+            "--normalize_input",
+            "true",
+            "--encoder_mlp_layers",
+            "64",
+            "32",
+            "--train_for_env_steps=1e6",
+            f"--train_dir={tmp_path}",
+            "--seed=3",
+        ]
+    )
     assert cfg.with_vtrace is False and cfg.normalize_input is True
     assert cfg.encoder_mlp_layers == [64, 32]
     assert cfg.train_for_env_steps == 1_000_000 and isinstance(cfg.train_for_env_steps, int)
@@ -40,18 +51,21 @@ def test_sample_factory_defaults():
     assert c.encoder_mlp_layers == [512, 512] and c.nonlinearity == "elu"
 
 
-@pytest.mark.parametrize("changes, flag", [
-    ({"batch_size": 48}, "--batch_size"),
-    ({"rollout": 1}, "--rollout"),
-    ({"num_epochs": 0}, "--num_epochs"),
-    ({"recurrence": 0}, "--recurrence"),
-    ({"learning_rate": 0.0}, "--learning_rate"),
-    ({"lr_adaptive_min": 1.0, "lr_adaptive_max": 0.1}, "--lr_adaptive_min"),
-    ({"encoder_mlp_layers": []}, "--encoder_mlp_layers"),
-    ({"policy_workers_per_policy": 3, "num_workers": 2}, "--policy_workers_per_policy"),
-    ({"experiment": "a/b"}, "--experiment"),
-    ({"learner_threads": -1}, "--learner_threads"),
-])
+@pytest.mark.parametrize(
+    "changes, flag",
+    [
+        ({"batch_size": 48}, "--batch_size"),
+        ({"rollout": 1}, "--rollout"),
+        ({"num_epochs": 0}, "--num_epochs"),
+        ({"recurrence": 0}, "--recurrence"),
+        ({"learning_rate": 0.0}, "--learning_rate"),
+        ({"lr_adaptive_min": 1.0, "lr_adaptive_max": 0.1}, "--lr_adaptive_min"),
+        ({"encoder_mlp_layers": []}, "--encoder_mlp_layers"),
+        ({"policy_workers_per_policy": 3, "num_workers": 2}, "--policy_workers_per_policy"),
+        ({"experiment": "a/b"}, "--experiment"),
+        ({"learner_threads": -1}, "--learner_threads"),
+    ],
+)
 def test_invalid_values_name_the_flag(tmp_path, changes, flag):
     cfg = dataclasses.replace(Config(train_dir=str(tmp_path)), **changes)
     with pytest.raises(ConfigError) as e:
@@ -60,8 +74,9 @@ def test_invalid_values_name_the_flag(tmp_path, changes, flag):
 
 
 def test_derived_values():
-    cfg = Config(num_workers=3, num_envs_per_worker=4, worker_num_splits=2, batch_size=256, rollout=32,
-                 num_batches_per_epoch=2)
+    cfg = Config(
+        num_workers=3, num_envs_per_worker=4, worker_num_splits=2, batch_size=256, rollout=32, num_batches_per_epoch=2
+    )
     d = Derived.of(cfg)
     assert d.envs_per_split == 2
     assert d.trajectories_per_batch == 8 and d.trajectories_per_iteration == 16
@@ -98,8 +113,14 @@ def test_resume_takes_the_saved_config_with_given_flags_on_top(tmp_path):
     assert changes == ["--learning_rate: 0.0003 -> 0.001"]  # batch_size was given but did not change
 
 
-@pytest.mark.parametrize("argv, flag", [(["--env=Pendulum-v1"], "env"), (["--encoder_mlp_layers", "64"], "encoder_mlp_layers"),
-                                        (["--normalize_input=False"], "normalize_input")])
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["--env=Pendulum-v1"], "env"),
+        (["--encoder_mlp_layers", "64"], "encoder_mlp_layers"),
+        (["--normalize_input=False"], "normalize_input"),
+    ],
+)
 def test_resume_refuses_flags_that_fix_the_model(tmp_path, argv, flag):
     from msf.runner.experiment import resume_config
 
@@ -133,4 +154,3 @@ def test_symmetric_kl_is_refused_where_it_is_undefined():
     with pytest.raises(ConfigError, match="masks actions"):
         check_model(cfg, masked)
     check_model(cfg, EnvSpaces((3,), np.float32, False, 5, action_nvec=(3, 2)))  # MultiDiscrete: fine
-

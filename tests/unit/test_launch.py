@@ -9,8 +9,9 @@ import torch
 
 from msf.cfg.config import Config
 from msf.cfg.validation import ConfigError
-from msf.distributed.launch import rank_config, resolve
 from msf.distributed.topology import RankInfo, split_evenly
+from msf.runner.device_group import rank_config
+from msf.runner.launch import resolve
 
 
 def _no_gpu(monkeypatch):

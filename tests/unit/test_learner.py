@@ -11,14 +11,16 @@ from msf.cfg.config import Config, Derived
 from msf.envs.registry import EnvSpaces
 from msf.learning.advantages import gae
 from msf.learning.learner import Learner
-from msf.learning.normalizers import RunningMeanStd
+from msf.model.normalizers import RunningMeanStd
 
 SPACES = EnvSpaces(obs_shape=(3,), obs_dtype=np.float32, discrete=True, num_actions=2)
 
 
 def _learner(**kw) -> Learner:
     torch.manual_seed(0)
-    cfg = Config(**{**dict(encoder_mlp_layers=[16], batch_size=8, rollout=4, num_workers=1, num_envs_per_worker=2), **kw})
+    cfg = Config(
+        **{**dict(encoder_mlp_layers=[16], batch_size=8, rollout=4, num_workers=1, num_envs_per_worker=2), **kw}
+    )
     return Learner(cfg, Derived.of(cfg), SPACES, "cpu")
 
 
@@ -132,24 +134,36 @@ def test_first_step_losses_off_policy():
 def test_the_learner_updates_the_image_normaliser_from_valid_samples():
     torch.manual_seed(0)
     spaces = EnvSpaces(obs_shape=(2, 36, 36), obs_dtype=np.uint8, discrete=True, num_actions=3)
-    cfg = Config(encoder_conv_architecture="resnet_impala", encoder_conv_mlp_layers=[16], batch_size=8, rollout=4,
-                 num_workers=1, num_envs_per_worker=2)
+    cfg = Config(
+        encoder_conv_architecture="resnet_impala",
+        encoder_conv_mlp_layers=[16],
+        batch_size=8,
+        rollout=4,
+        num_workers=1,
+        num_envs_per_worker=2,
+    )
     learner = Learner(cfg, Derived.of(cfg), spaces, "cpu")
     B, T = learner.derived.trajectories_per_iteration, cfg.rollout
     g = torch.Generator().manual_seed(0)
     obs = torch.randint(0, 256, (B, T + 1, 2, 36, 36), dtype=torch.uint8, generator=g)
     valids = torch.ones(B, T)
     valids[0] = 0  # a masked trajectory does not count
-    batch = {"obs": obs, "actions": torch.randint(0, 3, (B, T), generator=g), "log_probs": torch.full((B, T), -math.log(3)),
-             "values": torch.zeros(B, T), "rewards": torch.randn(B, T, generator=g), "dones": torch.zeros(B, T, dtype=torch.uint8),
-             "time_outs": torch.zeros(B, T, dtype=torch.uint8), "valids": valids}
+    batch = {
+        "obs": obs,
+        "actions": torch.randint(0, 3, (B, T), generator=g),
+        "log_probs": torch.full((B, T), -math.log(3)),
+        "values": torch.zeros(B, T),
+        "rewards": torch.randn(B, T, generator=g),
+        "dones": torch.zeros(B, T, dtype=torch.uint8),
+        "time_outs": torch.zeros(B, T, dtype=torch.uint8),
+        "valids": valids,
+    }
     learner.train(batch)
     norm = learner.model.actor_encoder.normalizer
     seen = obs[1:, :T].reshape(-1, 2, 36, 36).double()  # the acted-on observations of valid samples only
     assert norm.count.item() == (B - 1) * T
     torch.testing.assert_close(norm.mean, seen.mean(0))
     torch.testing.assert_close(norm.var, seen.var(0, unbiased=False))
-
 
 
 def test_symmetric_kl_exploration_loss_enters_the_loss():

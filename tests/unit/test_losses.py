@@ -20,8 +20,12 @@ def test_ppo_policy_loss_by_hand():
         math.exp(new[2] - old[2]) * 0.5,  # ratio 1.1 in range: not clipped
         1.5 * -1.0,  # ratio 1.5, negative advantage: the unclipped term is the smaller one
     ]
-    loss = ppo_policy_loss(torch.tensor(new, dtype=torch.float64), torch.tensor(old, dtype=torch.float64),
-                           torch.tensor(adv, dtype=torch.float64), eps)
+    loss = ppo_policy_loss(
+        torch.tensor(new, dtype=torch.float64),
+        torch.tensor(old, dtype=torch.float64),
+        torch.tensor(adv, dtype=torch.float64),
+        eps,
+    )
     assert loss.item() == pytest.approx(-sum(terms) / 4, abs=1e-12)
 
 

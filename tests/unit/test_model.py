@@ -41,8 +41,9 @@ def test_act_samples_from_the_softmax():
 def test_float32_normalisation_matches_float64():
     model = _model(True)
     x = torch.randn(50, 4, dtype=torch.float64) * 3 + 2
-    torch.testing.assert_close(model.obs_normalizer.normalize(x.float()).double(),
-                               model.obs_normalizer.normalize(x), atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        model.obs_normalizer.normalize(x.float()).double(), model.obs_normalizer.normalize(x), atol=1e-5, rtol=0
+    )
     # the float32 copies travel with the state_dict (published to inference workers, checkpointed)
     assert {"obs_normalizer.mean_f32", "obs_normalizer.std_f32"} <= model.state_dict().keys()
 

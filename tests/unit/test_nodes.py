@@ -19,9 +19,16 @@ def _discover(argv, environ=None, scontrol="scontrol"):
 
 
 def _torchrun_env(rank=5, local_rank=1, world=8, local_world=4, group_rank=1, addr="node-a", port="29400"):
-    return {"TORCHELASTIC_RUN_ID": "job1", "RANK": str(rank), "LOCAL_RANK": str(local_rank),
-            "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(local_world), "GROUP_RANK": str(group_rank),
-            "MASTER_ADDR": addr, "MASTER_PORT": port}
+    return {
+        "TORCHELASTIC_RUN_ID": "job1",
+        "RANK": str(rank),
+        "LOCAL_RANK": str(local_rank),
+        "WORLD_SIZE": str(world),
+        "LOCAL_WORLD_SIZE": str(local_world),
+        "GROUP_RANK": str(group_rank),
+        "MASTER_ADDR": addr,
+        "MASTER_PORT": port,
+    }
 
 
 def _fake_scontrol(tmp_path, hosts, rc=0):
@@ -32,7 +39,7 @@ def _fake_scontrol(tmp_path, hosts, rc=0):
         "#!/bin/bash\n"
         f"printf '%s\\n' \"$@\" > '{log}'\n"
         f"if [ {rc} -ne 0 ]; then echo 'scontrol: error: bad nodelist' >&2; exit {rc}; fi\n"
-        "if [ \"$1\" = show ] && [ \"$2\" = hostnames ] && [ $# -eq 3 ]; then\n"
+        'if [ "$1" = show ] && [ "$2" = hostnames ] && [ $# -eq 3 ]; then\n'
         f"  printf '%s\\n' {' '.join(shlex.quote(h) for h in hosts)}\n"
         "  exit 0\n"
         "fi\n"
@@ -43,9 +50,15 @@ def _fake_scontrol(tmp_path, hosts, rc=0):
 
 
 def _slurm_env(nnodes=2, ntasks=2, nodeid=1, procid=1, localid=0, nodelist="gpu[01-02]"):
-    return {"SLURM_JOB_NODELIST": nodelist, "SLURM_PROCID": str(procid), "SLURM_NNODES": str(nnodes),
-            "SLURM_NODEID": str(nodeid), "SLURM_NTASKS": str(ntasks), "SLURM_LOCALID": str(localid),
-            "SLURM_JOB_ID": "1234"}
+    return {
+        "SLURM_JOB_NODELIST": nodelist,
+        "SLURM_PROCID": str(procid),
+        "SLURM_NNODES": str(nnodes),
+        "SLURM_NODEID": str(nodeid),
+        "SLURM_NTASKS": str(ntasks),
+        "SLURM_LOCALID": str(localid),
+        "SLURM_JOB_ID": "1234",
+    }
 
 
 # --- single node -------------------------------------------------------------------------------------
@@ -53,8 +66,16 @@ def _slurm_env(nnodes=2, ntasks=2, nodeid=1, procid=1, localid=0, nodelist="gpu[
 
 def test_single_node_defaults():
     plan = _discover([])
-    assert plan == NodePlan(source="single", launcher="local", nnodes=1, node_rank=0, nproc_per_node=None,
-                            master_addr="127.0.0.1", master_port=0, hosts=None)
+    assert plan == NodePlan(
+        source="single",
+        launcher="local",
+        nnodes=1,
+        node_rank=0,
+        nproc_per_node=None,
+        master_addr="127.0.0.1",
+        master_port=0,
+        hosts=None,
+    )
     assert plan.host_of(3, 2) == "node 1"
 
 
@@ -73,11 +94,14 @@ def test_node_rank_must_be_zero_on_a_single_node():
         _discover(["--node_rank=1"])
 
 
-@pytest.mark.parametrize("argv, pattern", [
-    (["--nnodes=0"], r"^--nnodes: must be a positive integer, got 0$"),
-    (["--node_rank=-1"], r"^--node_rank: must be in \[0, nnodes\) = \[0, 1\), got -1$"),
-    (["--max_restarts=-2"], r"^--max_restarts: must not be negative, got -2$"),
-])
+@pytest.mark.parametrize(
+    "argv, pattern",
+    [
+        (["--nnodes=0"], r"^--nnodes: must be a positive integer, got 0$"),
+        (["--node_rank=-1"], r"^--node_rank: must be in \[0, nnodes\) = \[0, 1\), got -1$"),
+        (["--max_restarts=-2"], r"^--max_restarts: must not be negative, got -2$"),
+    ],
+)
 def test_validate_node_flags(argv, pattern):
     cfg, _ = parse_args(argv)
     with pytest.raises(ConfigError, match=pattern):
@@ -96,8 +120,16 @@ def test_validate_node_flags_accepts_defaults():
 
 def test_host_list_plan():
     plan = _discover(["--nnodes=2", "--node_rank=1", "--hosts=127.0.0.1, localhost"])
-    assert plan == NodePlan(source="hosts", launcher="local", nnodes=2, node_rank=1, nproc_per_node=None,
-                            master_addr="127.0.0.1", master_port=29500, hosts=("127.0.0.1", "localhost"))
+    assert plan == NodePlan(
+        source="hosts",
+        launcher="local",
+        nnodes=2,
+        node_rank=1,
+        nproc_per_node=None,
+        master_addr="127.0.0.1",
+        master_port=29500,
+        hosts=("127.0.0.1", "localhost"),
+    )
     assert [plan.host_of(r, 2) for r in range(4)] == ["127.0.0.1", "127.0.0.1", "localhost", "localhost"]
 
 
@@ -135,8 +167,18 @@ def test_unresolvable_host_anywhere_in_the_list():
 
 def test_torchrun_environment():
     plan = _discover([], environ=_torchrun_env())
-    assert plan == NodePlan(source="torchrun", launcher="torchrun", nnodes=2, node_rank=1, nproc_per_node=4,
-                            master_addr="node-a", master_port=29400, hosts=None, rank=5, local_rank=1)
+    assert plan == NodePlan(
+        source="torchrun",
+        launcher="torchrun",
+        nnodes=2,
+        node_rank=1,
+        nproc_per_node=4,
+        master_addr="node-a",
+        master_port=29400,
+        hosts=None,
+        rank=5,
+        local_rank=1,
+    )
 
 
 def test_torchrun_wins_over_hosts_and_slurm_and_agreeing_flags_are_fine():
@@ -145,12 +187,15 @@ def test_torchrun_wins_over_hosts_and_slurm_and_agreeing_flags_are_fine():
     assert (plan.source, plan.rank, plan.local_rank, plan.nproc_per_node) == ("torchrun", 5, 1, 4)
 
 
-@pytest.mark.parametrize("argv, flag", [
-    (["--nproc_per_node=2"], "nproc_per_node"),
-    (["--nnodes=3"], "nnodes"),
-    (["--nnodes=2", "--node_rank=0"], "node_rank"),
-    (["--nnodes=2", "--hosts=a,b,c"], "hosts"),
-])
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["--nproc_per_node=2"], "nproc_per_node"),
+        (["--nnodes=3"], "nnodes"),
+        (["--nnodes=2", "--node_rank=0"], "node_rank"),
+        (["--nnodes=2", "--hosts=a,b,c"], "hosts"),
+    ],
+)
 def test_torchrun_disagreeing_flag(argv, flag):
     with pytest.raises(ConfigError, match=rf"^--{flag}: .*torchrun's environment"):
         _discover(argv, environ=_torchrun_env())
@@ -175,8 +220,16 @@ def test_torchrun_missing_variable():
 def test_slurm_one_task_per_node(tmp_path):
     scontrol, log = _fake_scontrol(tmp_path, ["gpu01", "gpu02"])
     plan = _discover(["--nproc_per_node=2"], environ=_slurm_env(), scontrol=scontrol)
-    assert plan == NodePlan(source="slurm", launcher="local", nnodes=2, node_rank=1, nproc_per_node=2,
-                            master_addr="gpu01", master_port=29500, hosts=("gpu01", "gpu02"))
+    assert plan == NodePlan(
+        source="slurm",
+        launcher="local",
+        nnodes=2,
+        node_rank=1,
+        nproc_per_node=2,
+        master_addr="gpu01",
+        master_port=29500,
+        hosts=("gpu01", "gpu02"),
+    )
     assert log.read_text().split("\n")[:3] == ["show", "hostnames", "gpu[01-02]"]
     assert plan.host_of(3, 2) == "gpu02"
 
@@ -186,8 +239,18 @@ def test_slurm_one_task_per_device_group(tmp_path):
     env = _slurm_env(ntasks=8, nodeid=1, procid=6, localid=2)
     env["SLURM_NNODES"] = "2"
     plan = _discover(["--master_port=31000"], environ=env, scontrol=scontrol)
-    assert plan == NodePlan(source="slurm", launcher="slurm_task", nnodes=2, node_rank=1, nproc_per_node=4,
-                            master_addr="gpu01", master_port=31000, hosts=("gpu01", "gpu02"), rank=6, local_rank=2)
+    assert plan == NodePlan(
+        source="slurm",
+        launcher="slurm_task",
+        nnodes=2,
+        node_rank=1,
+        nproc_per_node=4,
+        master_addr="gpu01",
+        master_port=31000,
+        hosts=("gpu01", "gpu02"),
+        rank=6,
+        local_rank=2,
+    )
     assert log.read_text().split("\n")[2] == "gpu[01-02]"
 
 
@@ -204,8 +267,13 @@ def test_slurm_single_task_allocation_is_the_single_node_case(tmp_path):
     scontrol, log = _fake_scontrol(tmp_path, ["gpu01"])
     env = _slurm_env(nnodes=1, ntasks=1, nodeid=0, procid=0)
     plan = _discover([], environ=env, scontrol=scontrol)
-    assert (plan.source, plan.launcher, plan.nnodes, plan.master_addr, plan.master_port) == \
-        ("single", "local", 1, "127.0.0.1", 0)
+    assert (plan.source, plan.launcher, plan.nnodes, plan.master_addr, plan.master_port) == (
+        "single",
+        "local",
+        1,
+        "127.0.0.1",
+        0,
+    )
     assert not log.exists()  # no need to expand a one-node list
 
 
@@ -213,9 +281,12 @@ def test_slurm_single_task_allocation_is_the_single_node_case(tmp_path):
 def test_slurm_bad_task_count(tmp_path, ntasks):
     scontrol, _ = _fake_scontrol(tmp_path, ["gpu01", "gpu02"])
     env = _slurm_env(ntasks=ntasks, procid=0, nodeid=0)
-    with pytest.raises(ConfigError, match=rf"^--nproc_per_node: Slurm runs SLURM_NTASKS={ntasks} task\(s\) on "
-                                          r"SLURM_NNODES=2 node\(s\); valid layouts: one task per node .* "
-                                          r"one task per device group"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"^--nproc_per_node: Slurm runs SLURM_NTASKS={ntasks} task\(s\) on "
+        r"SLURM_NNODES=2 node\(s\); valid layouts: one task per node .* "
+        r"one task per device group",
+    ):
         _discover([], environ=env, scontrol=scontrol)
 
 
@@ -248,24 +319,31 @@ def test_slurm_host_count_must_match_nnodes(tmp_path):
 
 def test_slurm_scontrol_missing(tmp_path):
     missing = str(tmp_path / "no-scontrol")
-    with pytest.raises(ConfigError, match=r"^--hosts: cannot expand SLURM_JOB_NODELIST='gpu\[01-02\]': .*not found "
-                                          r"\(ran '.*no-scontrol show hostnames gpu\[01-02\]'\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^--hosts: cannot expand SLURM_JOB_NODELIST='gpu\[01-02\]': .*not found "
+        r"\(ran '.*no-scontrol show hostnames gpu\[01-02\]'\)",
+    ):
         _discover([], environ=_slurm_env(), scontrol=missing)
 
 
 def test_slurm_scontrol_failing(tmp_path):
     scontrol, _ = _fake_scontrol(tmp_path, ["gpu01"], rc=3)
-    with pytest.raises(ConfigError, match=r"^--hosts: cannot expand SLURM_JOB_NODELIST='gpu\[01-02\]': "
-                                          r"'.*scontrol show hostnames gpu\[01-02\]' exited with 3 "
-                                          r"\(scontrol: error: bad nodelist\)") as e:
+    with pytest.raises(
+        ConfigError,
+        match=r"^--hosts: cannot expand SLURM_JOB_NODELIST='gpu\[01-02\]': "
+        r"'.*scontrol show hostnames gpu\[01-02\]' exited with 3 "
+        r"\(scontrol: error: bad nodelist\)",
+    ) as e:
         _discover([], environ=_slurm_env(), scontrol=scontrol)
     assert "\n" not in str(e.value)
 
 
 def test_explicit_hosts_win_over_slurm(tmp_path):
     scontrol, log = _fake_scontrol(tmp_path, ["gpu01", "gpu02"])
-    plan = _discover(["--nnodes=2", "--node_rank=1", "--hosts=127.0.0.1,localhost"], environ=_slurm_env(),
-                     scontrol=scontrol)
+    plan = _discover(
+        ["--nnodes=2", "--node_rank=1", "--hosts=127.0.0.1,localhost"], environ=_slurm_env(), scontrol=scontrol
+    )
     assert (plan.source, plan.master_addr) == ("hosts", "127.0.0.1")
     assert not log.exists()
 

@@ -3,15 +3,17 @@
 import pytest
 import torch
 
-from msf.learning.normalizers import RunningMeanStd
+from msf.model.normalizers import RunningMeanStd
 
 
 @pytest.mark.parametrize("shape", [(), (3,)])
 def test_merged_statistics_equal_concatenated(shape):
     g = torch.Generator().manual_seed(0)
     rms = RunningMeanStd(shape)
-    batches = [torch.randn(n, *shape, generator=g) * s + m
-               for n, s, m in [(1, 1.0, 0.0), (7, 3.0, 2.0), (100, 0.5, -1.0), (3, 10.0, 5.0), (50, 1.0, 0.0)]]
+    batches = [
+        torch.randn(n, *shape, generator=g) * s + m
+        for n, s, m in [(1, 1.0, 0.0), (7, 3.0, 2.0), (100, 0.5, -1.0), (3, 10.0, 5.0), (50, 1.0, 0.0)]
+    ]
     for x in batches:
         rms.update(x)
     rms.update(torch.zeros(0, *shape))  # an empty batch changes nothing

@@ -16,8 +16,9 @@ from msf.model.encoders import ConvEncoder, channel_axis
 def test_sequences_with_resets_equal_the_step_by_step_run(rnn_type, layers):
     torch.manual_seed(0)
     spaces = EnvSpaces((5,), np.float32, True, 3)
-    model = ActorCritic(Config(encoder_mlp_layers=[16], use_rnn=True, rnn_type=rnn_type, rnn_size=8,
-                               rnn_num_layers=layers), spaces)
+    model = ActorCritic(
+        Config(encoder_mlp_layers=[16], use_rnn=True, rnn_type=rnn_type, rnn_size=8, rnn_num_layers=layers), spaces
+    )
     B, R = 4, 6
     obs = torch.randn(B, R, 5)
     dones = (torch.rand(B, R) < 0.3).float()
@@ -31,7 +32,7 @@ def test_sequences_with_resets_equal_the_step_by_step_run(rnn_type, layers):
         p, v, h = model.forward_with_states(obs[:, t], h)
         ref_p.append(p)
         ref_v.append(v)
-        h = h * (1 - dones[:, t:t + 1])
+        h = h * (1 - dones[:, t : t + 1])
     ref_p = torch.stack(ref_p, 1).reshape(B * R, -1)
     ref_v = torch.stack(ref_v, 1).reshape(B * R)
     torch.testing.assert_close(params, ref_p, rtol=1e-5, atol=1e-6)
@@ -56,8 +57,10 @@ def test_channel_axis_is_the_smallest_dimension(shape, axis):
     assert channel_axis(shape) == axis
 
 
-@pytest.mark.parametrize("arch, n_conv_out", [("convnet_atari", 64 * 7 * 7), ("convnet_simple", 128 * 4 * 4),
-                                              ("resnet_impala", 32 * 11 * 11)])
+@pytest.mark.parametrize(
+    "arch, n_conv_out",
+    [("convnet_atari", 64 * 7 * 7), ("convnet_simple", 128 * 4 * 4), ("resnet_impala", 32 * 11 * 11)],
+)
 def test_conv_encoders_on_atari_frames(arch, n_conv_out):
     enc = ConvEncoder((4, 84, 84), arch, [512], "relu")
     x = torch.randint(0, 256, (2, 4, 84, 84), dtype=torch.uint8)
@@ -72,11 +75,16 @@ def test_conv_encoders_on_atari_frames(arch, n_conv_out):
 def test_small_images_need_resnet_impala():
     with pytest.raises(ValueError, match="too small for --encoder_conv_architecture=convnet_simple; use resnet_impala"):
         ConvEncoder((7, 7, 3), "convnet_simple", [64], "elu")
-    assert ConvEncoder((7, 7, 3), "resnet_impala", [64], "elu")(torch.zeros(1, 7, 7, 3, dtype=torch.uint8)).shape == (1, 64)
+    assert ConvEncoder((7, 7, 3), "resnet_impala", [64], "elu")(torch.zeros(1, 7, 7, 3, dtype=torch.uint8)).shape == (
+        1,
+        64,
+    )
 
 
 def test_image_model_without_normalize_input_only_scales_pixels():
-    model = ActorCritic(Config(encoder_conv_mlp_layers=[32], normalize_input=False), EnvSpaces((4, 84, 84), np.uint8, True, 6))
+    model = ActorCritic(
+        Config(encoder_conv_mlp_layers=[32], normalize_input=False), EnvSpaces((4, 84, 84), np.uint8, True, 6)
+    )
     assert model.obs_normalizer is None and model.image and model.actor_encoder.normalizer is None
     x = torch.full((1, 4, 84, 84), 255, dtype=torch.uint8)
     torch.testing.assert_close(model(x)[0], model(torch.ones(1, 4, 84, 84) * 255.0)[0])
@@ -124,9 +132,13 @@ def test_policy_initialization_covers_the_convolutions():
     assert len(convs) == 3
     for conv in convs:
         w = conv.weight.detach().reshape(conv.out_channels, -1).double()
-        torch.testing.assert_close(w @ w.T, 1.5**2 * torch.eye(conv.out_channels, dtype=torch.float64), atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            w @ w.T, 1.5**2 * torch.eye(conv.out_channels, dtype=torch.float64), atol=1e-5, rtol=0
+        )
         assert conv.bias.abs().max() == 0.0
-    default = ActorCritic(Config(encoder_conv_architecture="convnet_atari", policy_initialization="torch_default"), spaces)
+    default = ActorCritic(
+        Config(encoder_conv_architecture="convnet_atari", policy_initialization="torch_default"), spaces
+    )
     w = default.actor_encoder.conv[0].weight.detach().reshape(32, -1).double()
     assert not torch.allclose(w @ w.T, torch.eye(32, dtype=torch.float64), atol=1e-2)
 
@@ -151,12 +163,21 @@ def test_a_checkpoint_from_before_image_normalisation_plays_but_does_not_resume(
     cfg = Config(encoder_conv_mlp_layers=[32], batch_size=128, rollout=16)
     learner = Learner(cfg, Derived.of(cfg), spaces, "cpu")
     with pytest.raises(RuntimeError, match="before msf normalised images per pixel"):
-        learner.load_state_dict({"model": old_state, "optimizer": learner.optimizer.state_dict(), "train_step": 0,
-                                 "lr": 1e-4, "path": "old.pth"})
+        learner.load_state_dict(
+            {
+                "model": old_state,
+                "optimizer": learner.optimizer.state_dict(),
+                "train_step": 0,
+                "lr": 1e-4,
+                "path": "old.pth",
+            }
+        )
 
 
-@pytest.mark.parametrize("arch, obs_shape", [("convnet_atari", (4, 84, 84)), ("convnet_simple", (72, 128, 3)),
-                                             ("resnet_impala", (3, 64, 64))])
+@pytest.mark.parametrize(
+    "arch, obs_shape",
+    [("convnet_atari", (4, 84, 84)), ("convnet_simple", (72, 128, 3)), ("resnet_impala", (3, 64, 64))],
+)
 def test_learner_passes_in_channels_last_equal_a_float64_nchw_reference(arch, obs_shape):
     """With autograd on (the learner) the encoder runs its convolutions in channels_last; the features and the
     weights' gradients must be those of the plain NCHW computation, checked against a float64 copy."""

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from msf.cfg.config import Config
-from msf.envs.registry import EnvSpaces, flatten_dict_obs, spaces_of
+from msf.envs.registry import flatten_dict_obs, spaces_of
 from msf.model.actor_critic import ActorCritic
 from msf.model.distributions import MultiCategorical
 
@@ -28,14 +28,17 @@ def test_multi_categorical_is_the_product_of_its_dimensions():
 
 class _DictEnv(gym.Env):
     def __init__(self):
-        self.observation_space = gym.spaces.Dict({"pos": gym.spaces.Box(-1, 1, (2,), np.float32),
-                                                  "action_mask": gym.spaces.MultiBinary(4),
-                                                  "room": gym.spaces.Discrete(3)})
+        self.observation_space = gym.spaces.Dict(
+            {
+                "pos": gym.spaces.Box(-1, 1, (2,), np.float32),
+                "action_mask": gym.spaces.MultiBinary(4),
+                "room": gym.spaces.Discrete(3),
+            }
+        )
         self.action_space = gym.spaces.Discrete(4)
 
     def reset(self, *, seed=None, options=None):
-        return {"pos": np.array([0.5, -0.5], np.float32), "action_mask": np.array([1, 0, 1, 0], np.int8),
-                "room": 2}, {}
+        return {"pos": np.array([0.5, -0.5], np.float32), "action_mask": np.array([1, 0, 1, 0], np.int8), "room": 2}, {}
 
 
 def test_dict_observations_are_flattened_and_split_again_with_the_mask_applied():

@@ -5,7 +5,14 @@
 # sample, a KL-adaptive lr that starts at 3e-4 and may grow to 2e-3, and value bootstrapping on
 # time-outs (CartPole truncates at 500 steps; treating that as a failure destabilises the critic).
 SMALL_ENV_FLAGS = [
-    "--num_workers=2", "--num_envs_per_worker=16", "--worker_num_splits=2", "--batch_size=512", "--rollout=32",
-    "--learning_rate=3e-4", "--lr_schedule=kl_adaptive_epoch", "--lr_adaptive_max=2e-3", "--value_bootstrap=True",
+    "--num_workers=2",
+    "--num_envs_per_worker=16",
+    "--worker_num_splits=2",
+    "--batch_size=512",
+    "--rollout=32",
+    "--learning_rate=3e-4",
+    "--lr_schedule=kl_adaptive_epoch",
+    "--lr_adaptive_max=2e-3",
+    "--value_bootstrap=True",
     "--reward_scale=0.1",
 ]

@@ -1,1 +1,1 @@
-"""Topology, process-group set-up, DDP wrapping and cross-rank agreement."""
+"""Topology, node discovery, rendezvous and the collectives of a process group."""

@@ -146,12 +146,23 @@ def _port(cfg: Config, independent: bool) -> int:
 
 def _single(cfg: Config) -> NodePlan:
     if cfg.nnodes != 1:
-        raise _fail("hosts", f"required with --nnodes={cfg.nnodes} outside torchrun and Slurm: give the "
-                             f"{cfg.nnodes} nodes' host names in node-rank order (--hosts=hostA,hostB,...), "
-                             "or start every node with torchrun or srun")
+        raise _fail(
+            "hosts",
+            f"required with --nnodes={cfg.nnodes} outside torchrun and Slurm: give the "
+            f"{cfg.nnodes} nodes' host names in node-rank order (--hosts=hostA,hostB,...), "
+            "or start every node with torchrun or srun",
+        )
     _check_node_rank(cfg.node_rank, 1)
-    return NodePlan(source="single", launcher="local", nnodes=1, node_rank=0, nproc_per_node=cfg.nproc_per_node,
-                    master_addr=LOCALHOST, master_port=cfg.master_port, hosts=None)
+    return NodePlan(
+        source="single",
+        launcher="local",
+        nnodes=1,
+        node_rank=0,
+        nproc_per_node=cfg.nproc_per_node,
+        master_addr=LOCALHOST,
+        master_port=cfg.master_port,
+        hosts=None,
+    )
 
 
 def _parse_hosts(spec: str) -> tuple[str, ...]:
@@ -165,21 +176,33 @@ def _resolve(host: str) -> None:
     try:
         socket.getaddrinfo(host, None)
     except socket.gaierror as e:
-        raise _fail("hosts", f"cannot resolve {host!r} ({_one_line(str(e))}); every host must be a name or "
-                             "address that every node can reach") from None
+        raise _fail(
+            "hosts",
+            f"cannot resolve {host!r} ({_one_line(str(e))}); every host must be a name or "
+            "address that every node can reach",
+        ) from None
 
 
 def _from_hosts(cfg: Config) -> NodePlan:
     hosts = _parse_hosts(cfg.hosts)
     if len(hosts) != cfg.nnodes:
-        raise _fail("hosts", f"lists {len(hosts)} host(s) but --nnodes={cfg.nnodes}; give exactly one host per node, "
-                             "in node-rank order")
+        raise _fail(
+            "hosts",
+            f"lists {len(hosts)} host(s) but --nnodes={cfg.nnodes}; give exactly one host per node, in node-rank order",
+        )
     _check_node_rank(cfg.node_rank, cfg.nnodes)
     for host in hosts:
         _resolve(host)
-    return NodePlan(source="hosts", launcher="local", nnodes=cfg.nnodes, node_rank=cfg.node_rank,
-                    nproc_per_node=cfg.nproc_per_node, master_addr=hosts[0],
-                    master_port=_port(cfg, independent=cfg.nnodes > 1), hosts=hosts)
+    return NodePlan(
+        source="hosts",
+        launcher="local",
+        nnodes=cfg.nnodes,
+        node_rank=cfg.node_rank,
+        nproc_per_node=cfg.nproc_per_node,
+        master_addr=hosts[0],
+        master_port=_port(cfg, independent=cfg.nnodes > 1),
+        hosts=hosts,
+    )
 
 
 def _env_int(env: Mapping[str, str], names: tuple[str, ...], flag: str, who: str) -> int:
@@ -206,29 +229,45 @@ def _from_torchrun(cfg: Config, given: set[str], env: Mapping[str, str]) -> Node
     rank = _env_int(env, ("RANK",), "node_rank", who)
     local_rank = _env_int(env, ("LOCAL_RANK",), "node_rank", who)
     if per_node < 1 or world < 1 or world % per_node != 0:
-        raise _fail("nproc_per_node", f"{who} has WORLD_SIZE={world}, not a multiple of LOCAL_WORLD_SIZE={per_node}; "
-                                      "start the same --nproc_per_node on every node")
+        raise _fail(
+            "nproc_per_node",
+            f"{who} has WORLD_SIZE={world}, not a multiple of LOCAL_WORLD_SIZE={per_node}; "
+            "start the same --nproc_per_node on every node",
+        )
     nnodes = world // per_node
     node_rank = _env_int(env, ("GROUP_RANK",), "node_rank", who) if "GROUP_RANK" in env else rank // per_node
-    if not (0 <= local_rank < per_node and 0 <= node_rank < nnodes
-            and rank == node_rank * per_node + local_rank):
-        raise _fail("node_rank", f"{who} is inconsistent: RANK={rank}, LOCAL_RANK={local_rank}, GROUP_RANK={node_rank}, "
-                                 f"LOCAL_WORLD_SIZE={per_node}, WORLD_SIZE={world}; expected "
-                                 "RANK = GROUP_RANK x LOCAL_WORLD_SIZE + LOCAL_RANK")
+    if not (0 <= local_rank < per_node and 0 <= node_rank < nnodes and rank == node_rank * per_node + local_rank):
+        raise _fail(
+            "node_rank",
+            f"{who} is inconsistent: RANK={rank}, LOCAL_RANK={local_rank}, GROUP_RANK={node_rank}, "
+            f"LOCAL_WORLD_SIZE={per_node}, WORLD_SIZE={world}; expected "
+            "RANK = GROUP_RANK x LOCAL_WORLD_SIZE + LOCAL_RANK",
+        )
     _agree(given, "nnodes", cfg.nnodes, nnodes, f"{who} (WORLD_SIZE / LOCAL_WORLD_SIZE = {nnodes})")
     _agree(given, "node_rank", cfg.node_rank, node_rank, f"{who} (GROUP_RANK = {node_rank})")
     _agree(given, "nproc_per_node", cfg.nproc_per_node, per_node, f"{who} (LOCAL_WORLD_SIZE = {per_node})")
     if "hosts" in given and cfg.hosts is not None:
         n_hosts = len(_parse_hosts(cfg.hosts))
         if n_hosts != nnodes:
-            raise _fail("hosts", f"lists {n_hosts} host(s) but {who} has {nnodes} node(s); drop the flag under torchrun")
+            raise _fail(
+                "hosts", f"lists {n_hosts} host(s) but {who} has {nnodes} node(s); drop the flag under torchrun"
+            )
     master_addr = env.get("MASTER_ADDR", "")
     if not master_addr:
         raise _fail("hosts", f"{who} does not set MASTER_ADDR, the rendezvous host")
     master_port = _env_int(env, ("MASTER_PORT",), "master_port", who)
-    return NodePlan(source="torchrun", launcher="torchrun", nnodes=nnodes, node_rank=node_rank,
-                    nproc_per_node=per_node, master_addr=master_addr, master_port=master_port, hosts=None,
-                    rank=rank, local_rank=local_rank)
+    return NodePlan(
+        source="torchrun",
+        launcher="torchrun",
+        nnodes=nnodes,
+        node_rank=node_rank,
+        nproc_per_node=per_node,
+        master_addr=master_addr,
+        master_port=master_port,
+        hosts=None,
+        rank=rank,
+        local_rank=local_rank,
+    )
 
 
 def _slurm_hostnames(nodelist: str, scontrol: str) -> tuple[str, ...]:
@@ -238,15 +277,24 @@ def _slurm_hostnames(nodelist: str, scontrol: str) -> tuple[str, ...]:
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=SCONTROL_TIMEOUT_S, check=False)
     except FileNotFoundError:
-        raise _fail("hosts", f"cannot expand SLURM_JOB_NODELIST={nodelist!r}: {scontrol!r} not found (ran '{shown}'); "
-                             "put Slurm's scontrol on PATH, or give --hosts") from None
+        raise _fail(
+            "hosts",
+            f"cannot expand SLURM_JOB_NODELIST={nodelist!r}: {scontrol!r} not found (ran '{shown}'); "
+            "put Slurm's scontrol on PATH, or give --hosts",
+        ) from None
     except (OSError, subprocess.TimeoutExpired) as e:
-        raise _fail("hosts", f"cannot expand SLURM_JOB_NODELIST={nodelist!r}: '{shown}' failed "
-                             f"({_one_line(str(e))}); give --hosts instead") from None
+        raise _fail(
+            "hosts",
+            f"cannot expand SLURM_JOB_NODELIST={nodelist!r}: '{shown}' failed "
+            f"({_one_line(str(e))}); give --hosts instead",
+        ) from None
     if done.returncode != 0:
         err = _one_line(done.stderr or "") or "no message"
-        raise _fail("hosts", f"cannot expand SLURM_JOB_NODELIST={nodelist!r}: '{shown}' exited with "
-                             f"{done.returncode} ({err}); give --hosts instead")
+        raise _fail(
+            "hosts",
+            f"cannot expand SLURM_JOB_NODELIST={nodelist!r}: '{shown}' exited with "
+            f"{done.returncode} ({err}); give --hosts instead",
+        )
     return tuple(line.strip() for line in done.stdout.splitlines() if line.strip())
 
 
@@ -263,10 +311,14 @@ def _from_slurm(cfg: Config, given: set[str], env: Mapping[str, str], scontrol: 
     if nnodes == 1 and ntasks == 1:
         return _single(cfg)
 
-    layouts = ("valid layouts: one task per node (srun --ntasks-per-node=1; each task starts its node's device "
-               "groups) or one task per device group (the same k > 1 tasks on every node, ntasks = nnodes x k)")
+    layouts = (
+        "valid layouts: one task per node (srun --ntasks-per-node=1; each task starts its node's device "
+        "groups) or one task per device group (the same k > 1 tasks on every node, ntasks = nnodes x k)"
+    )
     if ntasks < nnodes or ntasks % nnodes != 0:
-        raise _fail("nproc_per_node", f"{who} runs SLURM_NTASKS={ntasks} task(s) on SLURM_NNODES={nnodes} node(s); {layouts}")
+        raise _fail(
+            "nproc_per_node", f"{who} runs SLURM_NTASKS={ntasks} task(s) on SLURM_NNODES={nnodes} node(s); {layouts}"
+        )
     per_node = ntasks // nnodes
     if nnodes == 1:
         hosts = None
@@ -275,23 +327,50 @@ def _from_slurm(cfg: Config, given: set[str], env: Mapping[str, str], scontrol: 
         nodelist = env["SLURM_JOB_NODELIST"]
         hosts = _slurm_hostnames(nodelist, scontrol)
         if len(hosts) != nnodes:
-            raise _fail("nnodes", f"'{scontrol} show hostnames {nodelist}' gives {len(hosts)} host(s) but "
-                                  f"SLURM_NNODES={nnodes}; run srun over the whole allocation, or give --hosts")
+            raise _fail(
+                "nnodes",
+                f"'{scontrol} show hostnames {nodelist}' gives {len(hosts)} host(s) but "
+                f"SLURM_NNODES={nnodes}; run srun over the whole allocation, or give --hosts",
+            )
         master_addr = hosts[0]
 
     if per_node == 1:
-        return NodePlan(source="slurm", launcher="local", nnodes=nnodes, node_rank=node_rank,
-                        nproc_per_node=cfg.nproc_per_node, master_addr=master_addr,
-                        master_port=_port(cfg, independent=nnodes > 1), hosts=hosts)
+        return NodePlan(
+            source="slurm",
+            launcher="local",
+            nnodes=nnodes,
+            node_rank=node_rank,
+            nproc_per_node=cfg.nproc_per_node,
+            master_addr=master_addr,
+            master_port=_port(cfg, independent=nnodes > 1),
+            hosts=hosts,
+        )
 
-    _agree(given, "nproc_per_node", cfg.nproc_per_node, per_node,
-           f"{who} (one task per device group: SLURM_NTASKS / SLURM_NNODES = {per_node})")
+    _agree(
+        given,
+        "nproc_per_node",
+        cfg.nproc_per_node,
+        per_node,
+        f"{who} (one task per device group: SLURM_NTASKS / SLURM_NNODES = {per_node})",
+    )
     local_rank = _env_int(env, ("SLURM_LOCALID",), "nproc_per_node", who)
     if not (0 <= local_rank < per_node and procid == node_rank * per_node + local_rank):
-        raise _fail("nproc_per_node", f"{who} places task SLURM_PROCID={procid} as SLURM_LOCALID={local_rank} on "
-                                      f"SLURM_NODEID={node_rank}, but one task per device group needs {per_node} "
-                                      "tasks on every node in block order (srun --ntasks-per-node="
-                                      f"{per_node} --distribution=block); {layouts}")
-    return NodePlan(source="slurm", launcher="slurm_task", nnodes=nnodes, node_rank=node_rank,
-                    nproc_per_node=per_node, master_addr=master_addr,
-                    master_port=_port(cfg, independent=True), hosts=hosts, rank=procid, local_rank=local_rank)
+        raise _fail(
+            "nproc_per_node",
+            f"{who} places task SLURM_PROCID={procid} as SLURM_LOCALID={local_rank} on "
+            f"SLURM_NODEID={node_rank}, but one task per device group needs {per_node} "
+            "tasks on every node in block order (srun --ntasks-per-node="
+            f"{per_node} --distribution=block); {layouts}",
+        )
+    return NodePlan(
+        source="slurm",
+        launcher="slurm_task",
+        nnodes=nnodes,
+        node_rank=node_rank,
+        nproc_per_node=per_node,
+        master_addr=master_addr,
+        master_port=_port(cfg, independent=True),
+        hosts=hosts,
+        rank=procid,
+        local_rank=local_rank,
+    )

@@ -22,22 +22,43 @@ MakeFn = Callable[[str, dict], gym.Env]
 # Frames per env step of each family (Sample Factory counts frames: env_frames = env_steps x frameskip)
 FRAMESKIP = {"atari_": 4, "doom_": 4}
 
-MUJOCO = {"hopper": "Hopper-v5", "halfcheetah": "HalfCheetah-v5", "walker": "Walker2d-v5", "walker2d": "Walker2d-v5",
-          "ant": "Ant-v5", "humanoid": "Humanoid-v5", "humanoidstandup": "HumanoidStandup-v5", "swimmer": "Swimmer-v5",
-          "reacher": "Reacher-v5", "pusher": "Pusher-v5", "inverted_pendulum": "InvertedPendulum-v5",
-          "inverted_double_pendulum": "InvertedDoublePendulum-v5"}
+MUJOCO = {
+    "hopper": "Hopper-v5",
+    "halfcheetah": "HalfCheetah-v5",
+    "walker": "Walker2d-v5",
+    "walker2d": "Walker2d-v5",
+    "ant": "Ant-v5",
+    "humanoid": "Humanoid-v5",
+    "humanoidstandup": "HumanoidStandup-v5",
+    "swimmer": "Swimmer-v5",
+    "reacher": "Reacher-v5",
+    "pusher": "Pusher-v5",
+    "inverted_pendulum": "InvertedPendulum-v5",
+    "inverted_double_pendulum": "InvertedDoublePendulum-v5",
+}
 
-DOOM = {"basic": "VizdoomBasic-v1", "defend_the_center": "VizdoomDefendCenter-v1",
-        "defend_the_line": "VizdoomDefendLine-v1", "health_gathering": "VizdoomHealthGathering-v1",
-        "health_gathering_supreme": "VizdoomHealthGatheringSupreme-v1", "my_way_home": "VizdoomMyWayHome-v1",
-        "deadly_corridor": "VizdoomDeadlyCorridor-v1", "take_cover": "VizdoomTakeCover-v1",
-        "predict_position": "VizdoomPredictPosition-v1", "deathmatch": "VizdoomDeathmatch-v1"}
+DOOM = {
+    "basic": "VizdoomBasic-v1",
+    "defend_the_center": "VizdoomDefendCenter-v1",
+    "defend_the_line": "VizdoomDefendLine-v1",
+    "health_gathering": "VizdoomHealthGathering-v1",
+    "health_gathering_supreme": "VizdoomHealthGatheringSupreme-v1",
+    "my_way_home": "VizdoomMyWayHome-v1",
+    "deadly_corridor": "VizdoomDeadlyCorridor-v1",
+    "take_cover": "VizdoomTakeCover-v1",
+    "predict_position": "VizdoomPredictPosition-v1",
+    "deathmatch": "VizdoomDeathmatch-v1",
+}
 
 DOOM_RESOLUTION = (72, 128)  # height, width: Sample Factory's doom observations (--res_h, --res_w)
 
-EXTRAS = {"atari_": ("atari", ("ale_py", "cv2")), "doom_": ("vizdoom", ("vizdoom", "cv2")),
-          "mujoco_": ("mujoco", ("mujoco",)), "MiniGrid-": ("minigrid", ("minigrid",)),
-          "unity_": ("unity", ("mlagents_envs",))}
+EXTRAS = {
+    "atari_": ("atari", ("ale_py", "cv2")),
+    "doom_": ("vizdoom", ("vizdoom", "cv2")),
+    "mujoco_": ("mujoco", ("mujoco",)),
+    "MiniGrid-": ("minigrid", ("minigrid",)),
+    "unity_": ("unity", ("mlagents_envs",)),
+}
 
 
 def family_of(name: str) -> str | None:
@@ -54,8 +75,10 @@ def require_extra(name: str) -> None:
     extra, modules = EXTRAS[family]
     missing = [m for m in modules if importlib.util.find_spec(m) is None]
     if missing:
-        raise ConfigError(f"--env: {name} needs the {extra} extra (missing: {', '.join(missing)}): "
-                          f"pip install 'multi-sample-factory[{extra}]'")
+        raise ConfigError(
+            f"--env: {name} needs the {extra} extra (missing: {', '.join(missing)}): "
+            f"pip install 'multi-sample-factory[{extra}]'"
+        )
 
 
 class EpisodicLife(gym.Wrapper):
@@ -92,8 +115,9 @@ def _atari_id(game: str) -> str:
     for env_id in gym.registry:
         if env_id.lower() == key:
             return env_id
-    raise ConfigError(f"--env: no Atari game {game!r} in ale-py (atari_<game>, e.g. atari_pong, atari_breakout, "
-                      "atari_space_invaders)")
+    raise ConfigError(
+        f"--env: no Atari game {game!r} in ale-py (atari_<game>, e.g. atari_pong, atari_breakout, atari_space_invaders)"
+    )
 
 
 def make_atari(name: str, env_config: dict[str, Any]) -> gym.Env:
@@ -104,11 +128,16 @@ def make_atari(name: str, env_config: dict[str, Any]) -> gym.Env:
     import ale_py
 
     gym.register_envs(ale_py)
-    env = gym.make(_atari_id(name[len("atari_"):]), frameskip=1, render_mode=env_config.get("render_mode"),
-                   repeat_action_probability=0.25 if env_config.get("atari_sticky_actions") else 0.0,
-                   full_action_space=bool(env_config.get("atari_full_action_space")))
-    env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84, grayscale_obs=True,
-                                          terminal_on_life_loss=False, scale_obs=False)
+    env = gym.make(
+        _atari_id(name[len("atari_") :]),
+        frameskip=1,
+        render_mode=env_config.get("render_mode"),
+        repeat_action_probability=0.25 if env_config.get("atari_sticky_actions") else 0.0,
+        full_action_space=bool(env_config.get("atari_full_action_space")),
+    )
+    env = gym.wrappers.AtariPreprocessing(
+        env, noop_max=30, frame_skip=4, screen_size=84, grayscale_obs=True, terminal_on_life_loss=False, scale_obs=False
+    )
     if not env_config.get("evaluation"):
         env = EpisodicLife(env)
         env = gym.wrappers.TransformReward(env, lambda r: float(np.sign(r)))
@@ -125,14 +154,17 @@ def make_doom(name: str, env_config: dict[str, Any]) -> gym.Env:
     """
     from vizdoom import gymnasium_wrapper  # noqa: F401 - registers the Vizdoom* ids
 
-    scenario = name[len("doom_"):]
+    scenario = name[len("doom_") :]
     if scenario not in DOOM:
-        raise ConfigError(f"--env: unknown doom scenario {scenario!r}; valid: "
-                          + ", ".join(f"doom_{k}" for k in DOOM))
+        raise ConfigError(f"--env: unknown doom scenario {scenario!r}; valid: " + ", ".join(f"doom_{k}" for k in DOOM))
     _vizdoom_folder()
     wide = bool(env_config.get("wide_aspect_ratio", False))
-    env = gym.make(DOOM[scenario], frame_skip=4, render_mode=env_config.get("render_mode"),
-                   screen_resolution="RES_256X144" if wide else "RES_160X120")
+    env = gym.make(
+        DOOM[scenario],
+        frame_skip=4,
+        render_mode=env_config.get("render_mode"),
+        screen_resolution="RES_256X144" if wide else "RES_160X120",
+    )
     screen = env.observation_space["screen"]
     env = gym.wrappers.TransformObservation(env, lambda o: o["screen"], screen)
     size = (int(env_config.get("res_h", DOOM_RESOLUTION[0])), int(env_config.get("res_w", DOOM_RESOLUTION[1])))
@@ -155,15 +187,17 @@ def _vizdoom_folder() -> None:
     try:
         os.makedirs("_vizdoom", exist_ok=True)
     except FileExistsError:
-        raise ConfigError(f"--env: {os.path.abspath('_vizdoom')!r} is not a folder; ViZDoom keeps its files "
-                          "in ./_vizdoom/ of the working directory: remove or rename it") from None
+        raise ConfigError(
+            f"--env: {os.path.abspath('_vizdoom')!r} is not a folder; ViZDoom keeps its files "
+            "in ./_vizdoom/ of the working directory: remove or rename it"
+        ) from None
     except OSError:
         pass  # a read-only working directory: the engine reports that itself
 
 
 def make_mujoco(name: str, env_config: dict[str, Any]) -> gym.Env:
     """``mujoco_<name>``: gymnasium's MuJoCo task (v5), observations as they are."""
-    task = name[len("mujoco_"):]
+    task = name[len("mujoco_") :]
     if task not in MUJOCO:
         raise ConfigError(f"--env: unknown MuJoCo task {task!r}; valid: " + ", ".join(f"mujoco_{k}" for k in MUJOCO))
     return gym.make(MUJOCO[task], render_mode=env_config.get("render_mode"))
@@ -193,8 +227,13 @@ def make_unity(name: str, env_config: dict[str, Any]) -> gym.Env:
     return make(name, env_config)
 
 
-MAKERS: dict[str, MakeFn] = {"atari_": make_atari, "doom_": make_doom, "mujoco_": make_mujoco,
-                             "MiniGrid-": make_minigrid, "unity_": make_unity}
+MAKERS: dict[str, MakeFn] = {
+    "atari_": make_atari,
+    "doom_": make_doom,
+    "mujoco_": make_mujoco,
+    "MiniGrid-": make_minigrid,
+    "unity_": make_unity,
+}
 
 
 def apply_family_defaults(cfg, given: set[str]):

@@ -39,9 +39,11 @@ class PettingZooParallel(gym.Env):
         self.action_space = env.action_space(first)
         for a in self.agents[1:]:
             if env.observation_space(a) != self.observation_space or env.action_space(a) != self.action_space:
-                raise ValueError(f"PettingZooParallel: agent {a!r} has other spaces than {first!r} "
-                                 f"({env.observation_space(a)}, {env.action_space(a)} vs "
-                                 f"{self.observation_space}, {self.action_space}); msf needs the same for all")
+                raise ValueError(
+                    f"PettingZooParallel: agent {a!r} has other spaces than {first!r} "
+                    f"({env.observation_space(a)}, {env.action_space(a)} vs "
+                    f"{self.observation_space}, {self.action_space}); msf needs the same for all"
+                )
         self.render_mode = getattr(env, "render_mode", None)
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
@@ -52,14 +54,23 @@ class PettingZooParallel(gym.Env):
         obs, rewards, terms, truncs, infos = self.env.step(dict(zip(self.agents, actions)))
         missing = [a for a in self.agents if a not in obs]
         if missing:
-            raise ValueError(f"PettingZooParallel: agent(s) {missing} left the episode before the others; msf "
-                             "needs every agent until the episode ends for all (end it for all at once)")
+            raise ValueError(
+                f"PettingZooParallel: agent(s) {missing} left the episode before the others; msf "
+                "needs every agent until the episode ends for all (end it for all at once)"
+            )
         ended = [bool(terms[a]) or bool(truncs[a]) for a in self.agents]
         if any(ended) and not all(ended):
-            raise ValueError("PettingZooParallel: some agents' episode ended while others played on; msf needs "
-                             "the episode to end for all agents at once")
-        return ([obs[a] for a in self.agents], np.asarray([rewards[a] for a in self.agents], dtype=np.float32),
-                [bool(terms[a]) for a in self.agents], [bool(truncs[a]) for a in self.agents], infos)
+            raise ValueError(
+                "PettingZooParallel: some agents' episode ended while others played on; msf needs "
+                "the episode to end for all agents at once"
+            )
+        return (
+            [obs[a] for a in self.agents],
+            np.asarray([rewards[a] for a in self.agents], dtype=np.float32),
+            [bool(terms[a]) for a in self.agents],
+            [bool(truncs[a]) for a in self.agents],
+            infos,
+        )
 
     def render(self):
         return self.env.render()

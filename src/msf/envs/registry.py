@@ -53,10 +53,18 @@ def _resolve(name: str) -> tuple[str, MakeEnvFn | None]:
 
 def env_config_of(cfg: Any, worker_index: int = 0, env_index: int = 0, seed: int = 0, **extra: Any) -> dict[str, Any]:
     """The ``env_config`` every env maker receives: its indices and seed, and the env flags of ``cfg``."""
-    return {"worker_index": worker_index, "env_index": env_index, "seed": seed,
-            "atari_sticky_actions": cfg.atari_sticky_actions, "atari_full_action_space": cfg.atari_full_action_space,
-            "unity_env_path": getattr(cfg, "unity_env_path", None), "res_w": cfg.res_w, "res_h": cfg.res_h,
-            "wide_aspect_ratio": cfg.wide_aspect_ratio, **extra}
+    return {
+        "worker_index": worker_index,
+        "env_index": env_index,
+        "seed": seed,
+        "atari_sticky_actions": cfg.atari_sticky_actions,
+        "atari_full_action_space": cfg.atari_full_action_space,
+        "unity_env_path": getattr(cfg, "unity_env_path", None),
+        "res_w": cfg.res_w,
+        "res_h": cfg.res_h,
+        "wide_aspect_ratio": cfg.wide_aspect_ratio,
+        **extra,
+    }
 
 
 class MultiAgentFlatten(gym.Wrapper):
@@ -187,11 +195,12 @@ def _spaces_of(env: gym.Env, obs: gym.Space, act: gym.Space) -> EnvSpaces:
     elif isinstance(env, gym.wrappers.FlattenObservation) and isinstance(env.env.observation_space, gym.spaces.Dict):
         layout = tuple(_layout_entry(k, sub) for k, sub in env.env.observation_space.spaces.items())
     elif not isinstance(obs, gym.spaces.Box):
-        raise ConfigError(f"--env: observation space {obs} is not supported (supported: Box, Dict of Box and "
-                          "Discrete)")
+        raise ConfigError(f"--env: observation space {obs} is not supported (supported: Box, Dict of Box and Discrete)")
     if len(obs.shape) not in (1, 3):
-        raise ConfigError(f"--env: observations of shape {obs.shape} are not supported (supported: vectors, and "
-                          "3-D images such as [C, H, W] or [H, W, C])")
+        raise ConfigError(
+            f"--env: observations of shape {obs.shape} are not supported (supported: vectors, and "
+            "3-D images such as [C, H, W] or [H, W, C])"
+        )
     dtype = np.uint8 if obs.dtype == np.uint8 and layout is None else np.float32
     shape = tuple(obs.shape)
     if isinstance(act, gym.spaces.Discrete):
@@ -204,21 +213,32 @@ def _spaces_of(env: gym.Env, obs: gym.Space, act: gym.Space) -> EnvSpaces:
     if nvec is not None:
         return EnvSpaces(shape, dtype, True, sum(nvec), action_nvec=nvec, obs_layout=layout)
     if isinstance(act, gym.spaces.Box) and len(act.shape) == 1:
-        return EnvSpaces(shape, dtype, False, int(act.shape[0]),
-                         act.low.astype(np.float32), act.high.astype(np.float32), obs_layout=layout)
-    raise ConfigError(f"--env: action space {act} is not supported (supported: Discrete, MultiDiscrete, a Tuple of "
-                      "Discrete, 1-D Box)")
+        return EnvSpaces(
+            shape,
+            dtype,
+            False,
+            int(act.shape[0]),
+            act.low.astype(np.float32),
+            act.high.astype(np.float32),
+            obs_layout=layout,
+        )
+    raise ConfigError(
+        f"--env: action space {act} is not supported (supported: Discrete, MultiDiscrete, a Tuple of Discrete, 1-D Box)"
+    )
 
 
 def _layout_entry(key: str, space: gym.Space) -> tuple[str, tuple[int, ...], int]:
     if isinstance(space, gym.spaces.Box) and len(space.shape) in (1, 3):
         return key, tuple(space.shape), int(np.prod(space.shape))
-    if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiBinary)) or \
-            (isinstance(space, gym.spaces.Box) and len(space.shape) in (0, 2)):
+    if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiBinary)) or (
+        isinstance(space, gym.spaces.Box) and len(space.shape) in (0, 2)
+    ):
         n = gym.spaces.flatdim(space)
         return key, (n,), n
-    raise ConfigError(f"--env: observation key {key!r} has space {space}, which is not supported in a Dict "
-                      "observation (supported: Box, Discrete, MultiBinary)")
+    raise ConfigError(
+        f"--env: observation key {key!r} has space {space}, which is not supported in a Dict "
+        "observation (supported: Box, Discrete, MultiBinary)"
+    )
 
 
 def env_spaces(name: str, env_config: dict[str, Any] | None = None) -> EnvSpaces:

@@ -51,10 +51,13 @@ class UnityMultiAgent(gym.Env):
         specs = [self.env.behavior_specs[b] for b in self.behaviors]
         first = specs[0]
         for b, spec in zip(self.behaviors[1:], specs[1:]):
-            if [o.shape for o in spec.observation_specs] != [o.shape for o in first.observation_specs] or \
-                    spec.action_spec != first.action_spec:
-                raise ValueError(f"UnityMultiAgent: behavior {b!r} has other observation or action specs than "
-                                 f"{self.behaviors[0]!r}; msf needs the same for all behaviors")
+            if [o.shape for o in spec.observation_specs] != [
+                o.shape for o in first.observation_specs
+            ] or spec.action_spec != first.action_spec:
+                raise ValueError(
+                    f"UnityMultiAgent: behavior {b!r} has other observation or action specs than "
+                    f"{self.behaviors[0]!r}; msf needs the same for all behaviors"
+                )
         self.agents: list[tuple[str, int]] = []  # (behavior, agent id) per msf agent
         for b in self.behaviors:
             decisions, _ = self.env.get_steps(b)
@@ -63,16 +66,18 @@ class UnityMultiAgent(gym.Env):
         self.agent_teams = [_team(b) for b, _ in self.agents]
         shapes = [tuple(o.shape) for o in first.observation_specs]
         boxes = [gym.spaces.Box(-np.inf, np.inf, s, dtype=np.float32) for s in shapes]
-        self.observation_space = boxes[0] if len(boxes) == 1 else \
-            gym.spaces.Dict({f"obs_{i}": box for i, box in enumerate(boxes)})
+        self.observation_space = (
+            boxes[0] if len(boxes) == 1 else gym.spaces.Dict({f"obs_{i}": box for i, box in enumerate(boxes)})
+        )
         act = first.action_spec
         if act.continuous_size and act.discrete_size:
             raise ValueError("UnityMultiAgent: hybrid (continuous and discrete) actions are not supported")
         self.discrete = act.discrete_size > 0
         if self.discrete:
             branches = tuple(int(n) for n in act.discrete_branches)
-            self.action_space = gym.spaces.Discrete(branches[0]) if len(branches) == 1 else \
-                gym.spaces.MultiDiscrete(list(branches))
+            self.action_space = (
+                gym.spaces.Discrete(branches[0]) if len(branches) == 1 else gym.spaces.MultiDiscrete(list(branches))
+            )
         else:
             self.action_space = gym.spaces.Box(-1.0, 1.0, (act.continuous_size,), dtype=np.float32)
         self.index = {agent: i for i, agent in enumerate(self.agents)}
@@ -151,11 +156,18 @@ def make_unity(name: str, env_config: dict[str, Any]) -> gym.Env:
     try:
         from mlagents_envs.environment import UnityEnvironment
     except ImportError as e:
-        raise ConfigError(f"--env: {name} needs ML-Agents' Python API: pip install 'multi-sample-factory[unity]' "
-                          f"({e})") from None
+        raise ConfigError(
+            f"--env: {name} needs ML-Agents' Python API: pip install 'multi-sample-factory[unity]' ({e})"
+        ) from None
     except Exception as e:  # noqa: BLE001 - e.g. its generated protobuf code under a newer protobuf
-        raise ConfigError(f"--env: mlagents_envs cannot be imported here ({type(e).__name__}: {e}); its "
-                          "protobuf code may need an older protobuf") from None
-    env = UnityEnvironment(file_name=path, worker_id=int(env_config.get("env_index", 0)),
-                           seed=int(env_config.get("seed", 0)), no_graphics=True)
+        raise ConfigError(
+            f"--env: mlagents_envs cannot be imported here ({type(e).__name__}: {e}); its "
+            "protobuf code may need an older protobuf"
+        ) from None
+    env = UnityEnvironment(
+        file_name=path,
+        worker_id=int(env_config.get("env_index", 0)),
+        seed=int(env_config.get("seed", 0)),
+        no_graphics=True,
+    )
     return UnityMultiAgent(env)

@@ -73,21 +73,22 @@ class GymSplit:
                 obs_out[i] = obs
                 continue
             lo = i * A
-            obs, r, te, tr, _ = env.step([self._action(a) for a in actions[lo:lo + A]])
-            rew[lo:lo + A], term[lo:lo + A], trunc[lo:lo + A] = r, te, tr
-            ended = term[lo:lo + A] | trunc[lo:lo + A]
+            obs, r, te, tr, _ = env.step([self._action(a) for a in actions[lo : lo + A]])
+            rew[lo : lo + A], term[lo : lo + A], trunc[lo : lo + A] = r, te, tr
+            ended = term[lo : lo + A] | trunc[lo : lo + A]
             if np.all(ended):
                 obs, _ = env.reset()
                 ended = np.zeros(A, dtype=bool)
-            elif np.any(ended & self.ended[lo:lo + A]):
-                agent = int(np.nonzero(ended & self.ended[lo:lo + A])[0][0])
+            elif np.any(ended & self.ended[lo : lo + A]):
+                agent = int(np.nonzero(ended & self.ended[lo : lo + A])[0][0])
                 raise ValueError(
                     f"{self.name}: agent {agent} reported its episode's end on two steps in a row while other agents "
                     "played on. After its end an agent must start a new episode at once (its next observation "
                     "is the new episode's first, as Unity's agents do), or the episode must end for all agents "
-                    "in the same step")
-            self.ended[lo:lo + A] = ended
-            obs_out[lo:lo + A] = list(obs)
+                    "in the same step"
+                )
+            self.ended[lo : lo + A] = ended
+            obs_out[lo : lo + A] = list(obs)
         return obs_out, rew, term, trunc
 
     def close(self) -> None:
@@ -107,19 +108,23 @@ def envpool_task(name: str) -> str:
 
     family = family_of(name)
     if family not in ENVPOOL_FAMILIES:
-        raise ConfigError(f"--env_backend=envpool: serves atari_* and mujoco_* envs only, not {name!r}; "
-                          "use --env_backend=gymnasium")
+        raise ConfigError(
+            f"--env_backend=envpool: serves atari_* and mujoco_* envs only, not {name!r}; use --env_backend=gymnasium"
+        )
     try:
         import envpool
     except ImportError:
-        raise ConfigError("--env_backend=envpool needs the envpool extra: "
-                          "pip install 'multi-sample-factory[envpool]'") from None
+        raise ConfigError(
+            "--env_backend=envpool needs the envpool extra: pip install 'multi-sample-factory[envpool]'"
+        ) from None
     if family == "mujoco_":
-        task = MUJOCO.get(name[len("mujoco_"):])
+        task = MUJOCO.get(name[len("mujoco_") :])
         if task is None:
-            raise ConfigError(f"--env: unknown MuJoCo task {name!r}; valid: " + ", ".join(f"mujoco_{k}" for k in MUJOCO))
+            raise ConfigError(
+                f"--env: unknown MuJoCo task {name!r}; valid: " + ", ".join(f"mujoco_{k}" for k in MUJOCO)
+            )
     else:
-        key = name[len("atari_"):].replace("_", "").lower() + "-v5"
+        key = name[len("atari_") :].replace("_", "").lower() + "-v5"
         task = next((t for t in envpool.list_all_envs() if t.lower() == key), None)
         if task is None:
             raise ConfigError(f"--env: EnvPool has no Atari game {name!r} (atari_<game>, e.g. atari_pong)")
@@ -139,12 +144,23 @@ def make_envpool(cfg: Any, num_envs: int, seed: int, evaluation: bool = False) -
     task = envpool_task(cfg.env)
     kw: dict[str, Any] = {}
     if cfg.env.startswith("atari_"):
-        kw = dict(stack_num=4, frame_skip=4, noop_max=30, img_height=84, img_width=84, gray_scale=True,
-                  episodic_life=not evaluation, reward_clip=not evaluation, use_fire_reset=False,
-                  max_episode_steps=27_000, repeat_action_probability=0.25 if cfg.atari_sticky_actions else 0.0,
-                  full_action_space=bool(cfg.atari_full_action_space))
-    return envpool.make(task, env_type="gymnasium", num_envs=num_envs, batch_size=num_envs, num_threads=1,
-                        seed=int(seed), **kw)
+        kw = dict(
+            stack_num=4,
+            frame_skip=4,
+            noop_max=30,
+            img_height=84,
+            img_width=84,
+            gray_scale=True,
+            episodic_life=not evaluation,
+            reward_clip=not evaluation,
+            use_fire_reset=False,
+            max_episode_steps=27_000,
+            repeat_action_probability=0.25 if cfg.atari_sticky_actions else 0.0,
+            full_action_space=bool(cfg.atari_full_action_space),
+        )
+    return envpool.make(
+        task, env_type="gymnasium", num_envs=num_envs, batch_size=num_envs, num_threads=1, seed=int(seed), **kw
+    )
 
 
 class EnvPoolSplit:
@@ -201,7 +217,9 @@ def check_envpool(cfg: Any, spaces: Any) -> None:
         obs, act = pool.observation_space, pool.action_space
         n = int(act.n) if isinstance(act, gym.spaces.Discrete) else int(act.shape[0])
         if tuple(obs.shape) != tuple(spaces.obs_shape) or n != spaces.num_actions:
-            raise ConfigError(f"--env_backend=envpool: EnvPool's {cfg.env} has observations {tuple(obs.shape)} and "
-                              f"{n} actions, the gymnasium env {tuple(spaces.obs_shape)} and {spaces.num_actions}")
+            raise ConfigError(
+                f"--env_backend=envpool: EnvPool's {cfg.env} has observations {tuple(obs.shape)} and "
+                f"{n} actions, the gymnasium env {tuple(spaces.obs_shape)} and {spaces.num_actions}"
+            )
     finally:
         pool.close()

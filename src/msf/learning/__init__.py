@@ -1,1 +1,1 @@
-"""The learner: losses, advantage estimators, normalisers, learning-rate schedules."""
+"""The learner: losses, advantage estimators, learning-rate schedules, PBT's decisions."""

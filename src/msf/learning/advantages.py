@@ -11,8 +11,9 @@ from __future__ import annotations
 import torch
 
 
-def apply_value_bootstrap(rewards: torch.Tensor, values: torch.Tensor, time_outs: torch.Tensor,
-                          gamma: float) -> torch.Tensor:
+def apply_value_bootstrap(
+    rewards: torch.Tensor, values: torch.Tensor, time_outs: torch.Tensor, gamma: float
+) -> torch.Tensor:
     """Sample Factory's ``--value_bootstrap``: on a truncated episode, ``r_t + gamma * V(s_t)``.
 
     The value of the state after a time-out is not observed by the learner, so the value
@@ -30,8 +31,9 @@ def apply_value_bootstrap(rewards: torch.Tensor, values: torch.Tensor, time_outs
     return rewards + gamma * values[:, :T] * time_outs
 
 
-def gae(rewards: torch.Tensor, values: torch.Tensor, dones: torch.Tensor, gamma: float,
-        gae_lambda: float) -> tuple[torch.Tensor, torch.Tensor]:
+def gae(
+    rewards: torch.Tensor, values: torch.Tensor, dones: torch.Tensor, gamma: float, gae_lambda: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalized advantage estimation (Schulman et al. 2016, "High-dimensional continuous
     control using generalized advantage estimation", eq. 16).
 
@@ -55,8 +57,15 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, dones: torch.Tensor, gamma:
     return adv, adv + values[:, :T]
 
 
-def vtrace(rewards: torch.Tensor, values: torch.Tensor, dones: torch.Tensor, log_rhos: torch.Tensor,
-           gamma: float, rho_bar: float = 1.0, c_bar: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def vtrace(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    dones: torch.Tensor,
+    log_rhos: torch.Tensor,
+    gamma: float,
+    rho_bar: float = 1.0,
+    c_bar: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """V-trace targets and policy-gradient advantages (Espeholt et al. 2018, "IMPALA", eq. 1
     and section 4.2), with discount ``gamma_t = gamma (1 - d_t)``.
 

@@ -7,15 +7,14 @@ buffer and publishes the weights after each SGD step through ``on_sgd_step``.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 from torch import nn
-
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from msf.cfg.config import Config, Derived
-from msf.distributed.collectives import all_reduce_sum_, global_moments, is_distributed, policy_group
+from msf.distributed.collectives import Collectives
 from msf.envs.registry import EnvSpaces
 from msf.learning.advantages import apply_value_bootstrap, gae, vtrace
 from msf.learning.losses import approx_kl, clipped_value_loss, ppo_policy_loss, symmetric_kl_to_uniform
@@ -42,33 +41,52 @@ class Learner:
     Args:
         cfg, derived: the run's configuration. spaces: the env's spaces.
         device: torch device to train on.
+        collectives: the policy's process group over all replicas (DDP averages gradients on it, and the
+            learner's global statistics are reduced on it); default: one replica, nothing communicated.
 
     Attributes:
         train_step: SGD steps taken. policy_version: equal to ``train_step`` (the version
             that inference workers record per sample, to measure policy lag).
     """
 
-    def __init__(self, cfg: Config, derived: Derived, spaces: EnvSpaces, device: torch.device | str = "cpu",
-                 process_group: Any = None):
+    def __init__(
+        self,
+        cfg: Config,
+        derived: Derived,
+        spaces: EnvSpaces,
+        device: torch.device | str = "cpu",
+        collectives: Collectives | None = None,
+    ):
         self.cfg, self.derived = cfg, derived
         self.device = torch.device(device)
-        self.process_group = process_group  # this policy's group over all ranks (None: the default group)
+        self.collectives = collectives or Collectives()
         self.model = ActorCritic(cfg, spaces).to(self.device)
         # With several replicas: DDP averages gradients. Its constructor broadcasts rank 0's parameters
         # and buffers once. broadcast_buffers=False: the normalisers are updated from all-reduced
         # moments instead, and a per-forward copy of rank 0's buffers would hide drift.
-        self.ddp = DDP(self.model, process_group=process_group, **_no_forward_buffer_sync(),
-                       device_ids=[self.device.index] if self.device.type == "cuda" else None) \
-            if is_distributed() else None
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps,
-                                          betas=(cfg.adam_beta1, cfg.adam_beta2))
-        self.lr_schedule = None if cfg.lr_schedule in ("constant", "linear_decay") else KlAdaptiveLR(
-            cfg.learning_rate, cfg.lr_schedule_kl_threshold, cfg.lr_adaptive_min, cfg.lr_adaptive_max)
+        self.ddp = (
+            DDP(
+                self.model,
+                process_group=self.collectives.group,
+                **_no_forward_buffer_sync(),
+                device_ids=[self.device.index] if self.device.type == "cuda" else None,
+            )
+            if self.collectives.distributed
+            else None
+        )
+        self.optimizer = torch.optim.Adam(
+            self.model.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps, betas=(cfg.adam_beta1, cfg.adam_beta2)
+        )
+        self.lr_schedule = (
+            None
+            if cfg.lr_schedule in ("constant", "linear_decay")
+            else KlAdaptiveLR(cfg.learning_rate, cfg.lr_schedule_kl_threshold, cfg.lr_adaptive_min, cfg.lr_adaptive_max)
+        )
         self.train_step = 0
 
     @property
     def world_size(self) -> int:
-        return torch.distributed.get_world_size() if is_distributed() else 1
+        return self.collectives.world_size
 
     @property
     def policy_version(self) -> int:
@@ -110,7 +128,7 @@ class Learner:
         valid = b["valids"].bool()
         model = self.model
         # statistics from the valid observations acted on (not the bootstrap rows, seen again next time)
-        model.update_obs_statistics(b["obs"][:, :T][valid])
+        model.update_obs_statistics(b["obs"][:, :T][valid], self.collectives.all_reduce_sum_)
         # The behaviour policy's values (recorded by the inference workers) serve for GAE and as the
         # old values of the clipped value loss, as in Sample Factory; only the bootstrap row is
         # evaluated here. That saves a forward pass over the whole batch.
@@ -123,7 +141,7 @@ class Learner:
         if not cfg.with_vtrace:
             b["advantages"], b["targets"] = gae(b["rewards"], values, b["dones"], cfg.gamma, cfg.gae_lambda)
             if model.returns_normalizer is not None:
-                model.returns_normalizer.update(b["targets"][valid])
+                model.returns_normalizer.update(b["targets"][valid], self.collectives.all_reduce_sum_)
         return b
 
     @staticmethod
@@ -154,7 +172,7 @@ class Learner:
                 log_rhos = (log_probs.detach() - old_log_probs).view(b, T)
                 targets, adv = vtrace(mb["rewards"], v, mb["dones"], log_rhos, cfg.gamma, cfg.vtrace_rho, cfg.vtrace_c)
                 if model.returns_normalizer is not None:
-                    model.returns_normalizer.update(targets[mb["valids"].bool()])
+                    model.returns_normalizer.update(targets[mb["valids"].bool()], self.collectives.all_reduce_sum_)
         else:
             targets, adv = mb["targets"], mb["advantages"]
         valid = mb["valids"].reshape(-1)
@@ -162,11 +180,11 @@ class Learner:
         # Each valid sample weighs world_size / (valid samples of all replicas): DDP's average of the
         # replicas' gradients is then the gradient of the mean loss over the global minibatch, whatever
         # each replica's share of valid samples (none: zero-weighted gradients, the same SGD step).
-        n_global = all_reduce_sum_(valid.sum().detach().reshape(1).to(torch.float64))
+        n_global = self.collectives.all_reduce_sum_(valid.sum().detach().reshape(1).to(torch.float64))
         weights = valid * (self.world_size / n_global.clamp(min=1.0)).to(valid.dtype)
         # advantages normalised with the mean and standard deviation of the global minibatch's valid samples
         adv = adv.reshape(-1)
-        n, mean, var = global_moments(adv[vb])
+        n, mean, var = self.collectives.moments(adv[vb])
         adv = (adv - mean.to(adv.dtype)) / (torch.sqrt(var * n / (n - 1).clamp(min=1)).to(adv.dtype) + 1e-8)
         targets = model.normalize_values(targets.reshape(-1))
         policy_loss = ppo_policy_loss(log_probs, old_log_probs, adv, cfg.ppo_clip_ratio, weights)
@@ -180,8 +198,14 @@ class Learner:
             exploration = -cfg.exploration_loss_coeff * entropy
         loss = policy_loss + cfg.value_loss_coeff * value_loss + exploration
         kl = approx_kl(log_probs.detach()[vb], old_log_probs[vb]) if bool(vb.any()) else torch.zeros(())
-        stats = {"policy_loss": policy_loss.detach(), "value_loss": value_loss.detach(), "entropy": entropy.detach(),
-                 "kl": kl, "loss": loss.detach(), "valid": vb.sum().double()}
+        stats = {
+            "policy_loss": policy_loss.detach(),
+            "value_loss": value_loss.detach(),
+            "entropy": entropy.detach(),
+            "kl": kl,
+            "loss": loss.detach(),
+            "valid": vb.sum().double(),
+        }
         return loss, stats
 
     def train(self, batch: Batch, on_sgd_step: Callable[[nn.Module, int], None] | None = None) -> dict[str, float]:
@@ -197,10 +221,6 @@ class Learner:
         Returns:
             mean losses, entropy, KL, gradient norm and learning rate over the iteration.
         """
-        with policy_group(self.process_group):
-            return self._train(batch, on_sgd_step)
-
-    def _train(self, batch: Batch, on_sgd_step: Callable[[nn.Module, int], None] | None) -> dict[str, float]:
         cfg = self.cfg
         b = self._prepare(batch)
         B = b["rewards"].shape[0]
@@ -208,10 +228,14 @@ class Learner:
         totals: dict[str, float] = {}
         n = 0
         for _ in range(cfg.num_epochs):
-            order = torch.randperm(B, device=self.device) if cfg.shuffle_minibatches else torch.arange(B, device=self.device)
+            order = (
+                torch.randperm(B, device=self.device)
+                if cfg.shuffle_minibatches
+                else torch.arange(B, device=self.device)
+            )
             epoch_kl = 0.0
             for i in range(cfg.num_batches_per_epoch):
-                idx = order[i * per_mb:(i + 1) * per_mb]
+                idx = order[i * per_mb : (i + 1) * per_mb]
                 mb = {k: v.index_select(0, idx) for k, v in b.items()}
                 loss, stats = self._minibatch_loss(mb)
                 self.optimizer.zero_grad(set_to_none=True)
@@ -221,7 +245,9 @@ class Learner:
                 self.optimizer.step()
                 self.train_step += 1
                 # the mean over the valid samples of all replicas (a replica with none adds nothing)
-                kl_sum = all_reduce_sum_(torch.stack([stats["kl"].detach().double() * stats["valid"], stats.pop("valid")]))
+                kl_sum = self.collectives.all_reduce_sum_(
+                    torch.stack([stats["kl"].detach().double() * stats["valid"], stats.pop("valid")])
+                )
                 kl = float(kl_sum[0] / kl_sum[1].clamp(min=1.0))
                 stats["kl"] = torch.tensor(kl)
                 epoch_kl += kl
@@ -265,8 +291,13 @@ class Learner:
 
     def state_dict(self) -> dict:
         """Everything needed to resume: model (with normalisers), optimiser, step, lr, PBT's hyperparameters."""
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "train_step": self.train_step, "lr": self.lr, "hyperparameters": self.hyperparameters()}
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "train_step": self.train_step,
+            "lr": self.lr,
+            "hyperparameters": self.hyperparameters(),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         """Resume from a checkpoint's state (see :meth:`state_dict`).
@@ -276,9 +307,11 @@ class Learner:
                 pixel says so (it can be played with msf-enjoy, not resumed).
         """
         if self.model.missing_image_normalizers(state["model"]):
-            raise RuntimeError(f"{state.get('path', 'the checkpoint')} was written before msf normalised images per "
-                               "pixel (--normalize_input): its training cannot be resumed with the new inputs. Play it "
-                               "with msf-enjoy, or start anew with --restart_behavior=restart")
+            raise RuntimeError(
+                f"{state.get('path', 'the checkpoint')} was written before msf normalised images per "
+                "pixel (--normalize_input): its training cannot be resumed with the new inputs. Play it "
+                "with msf-enjoy, or start anew with --restart_behavior=restart"
+            )
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.train_step = int(state["train_step"])

@@ -11,8 +11,13 @@ def _reduce(per_sample: torch.Tensor, weights: torch.Tensor | None) -> torch.Ten
     return per_sample.mean() if weights is None else (per_sample * weights).sum()
 
 
-def ppo_policy_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
-                    clip_ratio: float, weights: torch.Tensor | None = None) -> torch.Tensor:
+def ppo_policy_loss(
+    log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_ratio: float,
+    weights: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Clipped surrogate loss (Schulman et al. 2017, "Proximal policy optimization", eq. 7), with
     the ratio clipped to ``[1 / (1 + eps), 1 + eps]`` as Sample Factory does (symmetric in log space),
     not ``[1 - eps, 1 + eps]``.
@@ -32,8 +37,13 @@ def ppo_policy_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advant
     return _reduce(-torch.min(ratio * advantages, clipped * advantages), weights)
 
 
-def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, targets: torch.Tensor,
-                       clip_value: float, weights: torch.Tensor | None = None) -> torch.Tensor:
+def clipped_value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    targets: torch.Tensor,
+    clip_value: float,
+    weights: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Clipped value loss as in Sample Factory and OpenAI baselines' PPO2:
     ``mean(max((v - R)^2, (v_old + clip(v - v_old, -c, c) - R)^2))``.
 
@@ -78,4 +88,3 @@ def symmetric_kl_to_uniform(logits: torch.Tensor, nvec: tuple[int, ...] | None =
         log_u = -math.log(n)
         total = total + 0.5 * ((log_p.exp() * (log_p - log_u)).sum(-1) + ((log_u - log_p) / n).sum(-1))
     return total
-

@@ -45,9 +45,17 @@ def perturb(hyper: dict[str, float], rng: np.random.Generator, rate: float, lo: 
     return out
 
 
-def pbt_decision(objectives: list[float | None], hyper: list[dict[str, float]], rng: np.random.Generator,
-                 replace_fraction: float, gap: float, gap_absolute: float, mutation_rate: float,
-                 perturb_min: float, perturb_max: float) -> list[Replacement]:
+def pbt_decision(
+    objectives: list[float | None],
+    hyper: list[dict[str, float]],
+    rng: np.random.Generator,
+    replace_fraction: float,
+    gap: float,
+    gap_absolute: float,
+    mutation_rate: float,
+    perturb_min: float,
+    perturb_max: float,
+) -> list[Replacement]:
     """Which policies are replaced, by whom, with which hyperparameters.
 
     Args:
@@ -73,5 +81,7 @@ def pbt_decision(objectives: list[float | None], hyper: list[dict[str, float]], 
         donor = best[int(rng.integers(len(best)))]
         o_r, o_d = objectives[recipient], objectives[donor]
         if o_d - o_r > max(gap * abs(o_r), gap_absolute):
-            out.append(Replacement(recipient, donor, perturb(hyper[donor], rng, mutation_rate, perturb_min, perturb_max)))
+            out.append(
+                Replacement(recipient, donor, perturb(hyper[donor], rng, mutation_rate, perturb_min, perturb_max))
+            )
     return out

@@ -18,10 +18,9 @@ from torch.distributions import Categorical, Normal
 
 from msf.cfg.config import Config
 from msf.envs.registry import EnvSpaces
-from msf.learning.normalizers import RunningMeanStd
 from msf.model.distributions import MultiCategorical
 from msf.model.encoders import ConvEncoder, DictEncoder, custom_encoder, mlp
-
+from msf.model.normalizers import ReduceSum, RunningMeanStd
 
 
 @dataclass
@@ -57,8 +56,11 @@ class ActorCritic(nn.Module):
         self.layout = spaces.obs_layout
         if len(spaces.obs_shape) not in (1, 3):
             raise ValueError(f"observations must be vectors or 3-D images, got shape {spaces.obs_shape}")
-        self.obs_normalizer = RunningMeanStd(spaces.obs_shape, clip=5.0) \
-            if cfg.normalize_input and not self.image and self.layout is None else None
+        self.obs_normalizer = (
+            RunningMeanStd(spaces.obs_shape, clip=5.0)
+            if cfg.normalize_input and not self.image and self.layout is None
+            else None
+        )
         self.nvec = spaces.action_nvec
         self.mask_slice = None
         if self.layout is not None:
@@ -66,8 +68,10 @@ class ActorCritic(nn.Module):
             for key, _, size in self.layout:
                 if key == DictEncoder.MASK_KEY:
                     if size != spaces.num_actions:
-                        raise ValueError(f"the action_mask observation has {size} entries but there are "
-                                         f"{spaces.num_actions} action logits")
+                        raise ValueError(
+                            f"the action_mask observation has {size} entries but there are "
+                            f"{spaces.num_actions} action logits"
+                        )
                     self.mask_slice = (offset, offset + size)
                 offset += size
         self.returns_normalizer = RunningMeanStd((), clip=None) if cfg.normalize_returns else None
@@ -80,8 +84,13 @@ class ActorCritic(nn.Module):
                 enc = DictEncoder(self.layout, cfg, cfg.normalize_input)
                 return enc, enc.out_size
             if self.image:
-                enc = ConvEncoder(spaces.obs_shape, cfg.encoder_conv_architecture, cfg.encoder_conv_mlp_layers,
-                                  cfg.nonlinearity, cfg.normalize_input)
+                enc = ConvEncoder(
+                    spaces.obs_shape,
+                    cfg.encoder_conv_architecture,
+                    cfg.encoder_conv_mlp_layers,
+                    cfg.nonlinearity,
+                    cfg.normalize_input,
+                )
                 return enc, enc.out_size
             return mlp(spaces.obs_shape[0], cfg.encoder_mlp_layers, cfg.nonlinearity), cfg.encoder_mlp_layers[-1]
 
@@ -95,8 +104,9 @@ class ActorCritic(nn.Module):
             hidden = cfg.rnn_size
         self.action_head = nn.Linear(hidden, spaces.num_actions)
         self.value_head = nn.Linear(hidden, 1)
-        self.log_std = None if spaces.discrete else nn.Parameter(
-            torch.full((spaces.num_actions,), math.log(cfg.initial_stddev)))
+        self.log_std = (
+            None if spaces.discrete else nn.Parameter(torch.full((spaces.num_actions,), math.log(cfg.initial_stddev)))
+        )
         self._initialize(cfg.policy_initialization, cfg.policy_init_gain)
 
     @property
@@ -125,14 +135,14 @@ class ActorCritic(nn.Module):
         obs = obs.float()
         return self.obs_normalizer.normalize(obs) if self.obs_normalizer is not None else obs
 
-    def update_obs_statistics(self, obs: torch.Tensor) -> None:
-        """Update the observation normaliser(s) with ``[M, *obs_shape]`` observations (a collective on
-        several ranks: every replica calls it with its own)."""
+    def update_obs_statistics(self, obs: torch.Tensor, reduce_sum: ReduceSum | None = None) -> None:
+        """Update the observation normaliser(s) with ``[M, *obs_shape]`` observations. With ``reduce_sum``
+        (the learner's all-reduce) it is a collective: every replica calls it with its own."""
         if self.obs_normalizer is not None:
-            self.obs_normalizer.update(obs)
+            self.obs_normalizer.update(obs, reduce_sum)
         for enc in (self.actor_encoder, self.critic_encoder):
             if isinstance(enc, (DictEncoder, ConvEncoder)):
-                enc.update_normalizers(obs if isinstance(enc, ConvEncoder) else obs.float())
+                enc.update_normalizers(obs if isinstance(enc, ConvEncoder) else obs.float(), reduce_sum)
 
     def _mask(self, params: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
         """Logits of actions the ``action_mask`` observation forbids (entries < 0.5) become -1e9."""
@@ -149,7 +159,9 @@ class ActorCritic(nn.Module):
             return MultiCategorical(action_params, self.nvec).mode
         return action_params.argmax(-1)
 
-    def _run_core(self, x: torch.Tensor, states: torch.Tensor, dones: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _run_core(
+        self, x: torch.Tensor, states: torch.Tensor, dones: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Run the core over ``B`` sequences of ``R`` steps.
 
         Args:
@@ -184,13 +196,14 @@ class ActorCritic(nn.Module):
                 if t:
                     m = keep[:, t - 1].view(1, B, 1)
                     hx = (hx[0] * m, hx[1] * m) if self.rnn_type == "lstm" else hx * m
-                o, hx = self.core(seq[t:t + 1], hx)
+                o, hx = self.core(seq[t : t + 1], hx)
                 outs.append(o)
             out = torch.cat(outs)
         return out.transpose(0, 1).reshape(B * R, H), pack(hx)
 
-    def forward_with_states(self, obs: torch.Tensor, rnn_states: torch.Tensor | None = None,
-                            dones: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    def forward_with_states(
+        self, obs: torch.Tensor, rnn_states: torch.Tensor | None = None, dones: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """:meth:`forward` that also returns the core's states after the last step (None without a core)."""
         x = self.normalize_obs(obs)
         h = self.actor_encoder(x)
@@ -202,8 +215,9 @@ class ActorCritic(nn.Module):
         hc = h if self.critic_encoder is None else self.critic_encoder(x)
         return self._mask(self.action_head(h), obs), self.value_head(hc).squeeze(-1), new_states
 
-    def forward(self, obs: torch.Tensor, rnn_states: torch.Tensor | None = None,
-                dones: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, obs: torch.Tensor, rnn_states: torch.Tensor | None = None, dones: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Action-head outputs (logits ``[N, A]`` or Gaussian means ``[N, A]``) and values ``[N]``.
 
         With a recurrent core, ``obs`` is ``B`` sequences of ``R = N / B`` steps, sequence-major;
@@ -228,8 +242,9 @@ class ActorCritic(nn.Module):
         return PolicyOutput(self.distribution(action_params), values)
 
     @torch.no_grad()
-    def act(self, obs: torch.Tensor, rnn_states: torch.Tensor | None = None
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    def act(
+        self, obs: torch.Tensor, rnn_states: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Sample one action per env: (actions, log-probs ``[N]``, values ``[N]``, next core states
         ``[N, rnn_state_size]`` or None without a core), for ``[N, *obs_shape]`` observations and the
         core's ``[N, rnn_state_size]`` states.
@@ -286,4 +301,3 @@ class ActorCritic(nn.Module):
         elif unexpected or set(missing) - set(self.missing_image_normalizers(state)):
             self.load_state_dict(state)  # raises with torch's full message
         return old
-

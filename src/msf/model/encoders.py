@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from msf.model.normalizers import ReduceSum, RunningMeanStd
+
 ACTIVATIONS = {"elu": nn.ELU, "relu": nn.ReLU, "tanh": nn.Tanh}
 
 
@@ -37,8 +39,9 @@ class _ResidualBlock(nn.Module):
     def __init__(self, channels: int, activation: str):
         super().__init__()
         act = ACTIVATIONS[activation]
-        self.body = nn.Sequential(act(), nn.Conv2d(channels, channels, 3, padding=1),
-                                  act(), nn.Conv2d(channels, channels, 3, padding=1))
+        self.body = nn.Sequential(
+            act(), nn.Conv2d(channels, channels, 3, padding=1), act(), nn.Conv2d(channels, channels, 3, padding=1)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.body(x)
@@ -58,15 +61,24 @@ def conv_layers(architecture: str, in_channels: int, activation: str) -> nn.Sequ
         last_stride = 2 if architecture == "convnet_simple" else 1
         # in place: a convolution's backward needs its input, not its output, so the activation may overwrite
         # it (one buffer less per layer; ELU's backward then works from its result)
-        return nn.Sequential(nn.Conv2d(in_channels, 32, 8, stride=4), _in_place(activation),
-                             nn.Conv2d(32, 64, 4, stride=2), _in_place(activation),
-                             nn.Conv2d(64, last, 3, stride=last_stride), _in_place(activation))
+        return nn.Sequential(
+            nn.Conv2d(in_channels, 32, 8, stride=4),
+            _in_place(activation),
+            nn.Conv2d(32, 64, 4, stride=2),
+            _in_place(activation),
+            nn.Conv2d(64, last, 3, stride=last_stride),
+            _in_place(activation),
+        )
     if architecture == "resnet_impala":
         mods: list[nn.Module] = []
         c = in_channels
         for out in (16, 32, 32):
-            mods += [nn.Conv2d(c, out, 3, padding=1), nn.MaxPool2d(3, stride=2, padding=1),
-                     _ResidualBlock(out, activation), _ResidualBlock(out, activation)]
+            mods += [
+                nn.Conv2d(c, out, 3, padding=1),
+                nn.MaxPool2d(3, stride=2, padding=1),
+                _ResidualBlock(out, activation),
+                _ResidualBlock(out, activation),
+            ]
             c = out
         return nn.Sequential(*mods, act())
     raise ValueError(f"unknown encoder_conv_architecture {architecture!r}")
@@ -90,11 +102,15 @@ class ConvEncoder(nn.Module):
     # kept on raw pixel values, where the same normalisation needs 1e-5 x 255^2
     PIXEL_EPS = 1e-5 * 255.0**2
 
-    def __init__(self, obs_shape: tuple[int, ...], architecture: str, mlp_layers: list[int], activation: str,
-                 normalize: bool = False):
+    def __init__(
+        self,
+        obs_shape: tuple[int, ...],
+        architecture: str,
+        mlp_layers: list[int],
+        activation: str,
+        normalize: bool = False,
+    ):
         super().__init__()
-        from msf.learning.normalizers import RunningMeanStd
-
         self.axis = channel_axis(obs_shape)
         chw = (obs_shape[self.axis], *[d for i, d in enumerate(obs_shape) if i != self.axis])
         self.conv = conv_layers(architecture, chw[0], activation)
@@ -102,8 +118,10 @@ class ConvEncoder(nn.Module):
             with torch.no_grad():
                 n = self.conv(torch.zeros(1, *chw)).flatten(1).shape[1]
         except RuntimeError:
-            raise ValueError(f"images of shape {tuple(obs_shape)} are too small for --encoder_conv_architecture="
-                             f"{architecture}; use resnet_impala, which pools with padding") from None
+            raise ValueError(
+                f"images of shape {tuple(obs_shape)} are too small for --encoder_conv_architecture="
+                f"{architecture}; use resnet_impala, which pools with padding"
+            ) from None
         self.mlp = mlp(n, mlp_layers, activation)
         self.out_size = mlp_layers[-1] if mlp_layers else n
         self.normalizer = RunningMeanStd(tuple(obs_shape), clip=5.0, eps=self.PIXEL_EPS) if normalize else None
@@ -112,10 +130,11 @@ class ConvEncoder(nn.Module):
                 self.normalizer.var.fill_(255.0**2 - self.PIXEL_EPS)
                 self.normalizer.std_f32.fill_(255.0)
 
-    def update_normalizers(self, obs: torch.Tensor) -> None:
-        """Merge ``[M, *obs_shape]`` images into the per-element statistics (a collective on several ranks)."""
+    def update_normalizers(self, obs: torch.Tensor, reduce_sum: ReduceSum | None = None) -> None:
+        """Merge ``[M, *obs_shape]`` images into the per-element statistics (summed over replicas by
+        ``reduce_sum``)."""
         if self.normalizer is not None:
-            self.normalizer.update(obs)
+            self.normalizer.update(obs, reduce_sum)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         x = obs.float()
@@ -161,8 +180,9 @@ def custom_encoder(spec: str):
         except ImportError as e:
             raise ValueError(f"cannot import module {module!r} named in {spec!r} ({e})") from None
     if name not in _ENCODERS:
-        raise ValueError(f"no encoder registered as {name!r} (msf.model.register_encoder; registered: "
-                         f"{sorted(_ENCODERS) or 'none'})")
+        raise ValueError(
+            f"no encoder registered as {name!r} (msf.model.register_encoder; registered: {sorted(_ENCODERS) or 'none'})"
+        )
     return _ENCODERS[name]
 
 
@@ -180,8 +200,6 @@ class DictEncoder(nn.Module):
 
     def __init__(self, layout, cfg, normalize: bool):
         super().__init__()
-        from msf.learning.normalizers import RunningMeanStd
-
         self.slices: dict[str, tuple[int, int, tuple[int, ...]]] = {}
         offset = 0
         self.encoders = nn.ModuleDict()
@@ -193,8 +211,9 @@ class DictEncoder(nn.Module):
             if key == self.MASK_KEY:
                 continue
             if len(shape) == 3:
-                enc = ConvEncoder(shape, cfg.encoder_conv_architecture, cfg.encoder_conv_mlp_layers, cfg.nonlinearity,
-                                  normalize)
+                enc = ConvEncoder(
+                    shape, cfg.encoder_conv_architecture, cfg.encoder_conv_mlp_layers, cfg.nonlinearity, normalize
+                )
                 self.out_size += enc.out_size
             else:
                 enc = mlp(size, cfg.encoder_mlp_layers, cfg.nonlinearity)
@@ -207,14 +226,14 @@ class DictEncoder(nn.Module):
         lo, hi, shape = self.slices[key]
         return x[:, lo:hi].reshape(x.shape[0], *shape)
 
-    def update_normalizers(self, x: torch.Tensor) -> None:
+    def update_normalizers(self, x: torch.Tensor, reduce_sum: ReduceSum | None = None) -> None:
         """Update each key's normaliser (vector keys here, image keys in their :class:`ConvEncoder`) with
-        ``[M, total]`` observations (global moments on several ranks)."""
+        ``[M, total]`` observations (moments summed over replicas by ``reduce_sum``)."""
         for key, norm in self.normalizers.items():
-            norm.update(self.part(x, key))
+            norm.update(self.part(x, key), reduce_sum)
         for key, enc in self.encoders.items():
             if isinstance(enc, ConvEncoder):
-                enc.update_normalizers(self.part(x, key))
+                enc.update_normalizers(self.part(x, key), reduce_sum)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         feats = []

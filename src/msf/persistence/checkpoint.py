@@ -89,7 +89,7 @@ def list_checkpoints(exp_dir: str, policy: int = 0, kind: str = "latest") -> lis
     paths = glob.glob(os.path.join(folder, f"{prefix}*.pth"))
 
     def key(p: str) -> tuple[int, int]:
-        parts = os.path.basename(p)[len(prefix):-len(".pth")].split("_")
+        parts = os.path.basename(p)[len(prefix) : -len(".pth")].split("_")
         return int(parts[0]), int(parts[1])
 
     return sorted(paths, key=key)
@@ -105,8 +105,10 @@ def load_checkpoint_file(path: str, map_location: str = "cpu") -> dict:
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
-        raise CheckpointRefused(f"{path} holds objects other than tensors and plain data, which could run code "
-                                f"when loaded; refused ({str(e).splitlines()[0]})") from None
+        raise CheckpointRefused(
+            f"{path} holds objects other than tensors and plain data, which could run code "
+            f"when loaded; refused ({str(e).splitlines()[0]})"
+        ) from None
     state["path"] = path
     return state
 
@@ -115,7 +117,9 @@ class CheckpointRefused(RuntimeError):
     """A checkpoint would need to unpickle arbitrary objects (which can execute code)."""
 
 
-def load_latest_checkpoint(exp_dir: str, policy: int = 0, map_location: str = "cpu", kind: str = "latest") -> dict | None:
+def load_latest_checkpoint(
+    exp_dir: str, policy: int = 0, map_location: str = "cpu", kind: str = "latest"
+) -> dict | None:
     """The newest readable checkpoint of ``kind`` (``latest`` or ``best``), or None when there is none.
 
     A corrupt, truncated or refused file is reported in the log, renamed to ``*.pth.bad`` (kept for
@@ -172,12 +176,18 @@ class BackgroundCheckpointWriter:
 
     def _write(self, state: dict, milestone: bool, best: float | None) -> None:
         if best is not None:
-            log.info("saved the best checkpoint so far (%s %.3f): %s", self.metric, best,
-                     save_best_checkpoint(state, self.exp_dir, self.metric, best, policy=self.policy))
+            log.info(
+                "saved the best checkpoint so far (%s %.3f): %s",
+                self.metric,
+                best,
+                save_best_checkpoint(state, self.exp_dir, self.metric, best, policy=self.policy),
+            )
         else:
-            log.info("saved %s%s", save_checkpoint(state, self.exp_dir, self.keep, policy=self.policy,
-                                                   milestone=milestone),
-                     " (and a milestone copy)" if milestone else "")
+            log.info(
+                "saved %s%s",
+                save_checkpoint(state, self.exp_dir, self.keep, policy=self.policy, milestone=milestone),
+                " (and a milestone copy)" if milestone else "",
+            )
 
     def flush(self) -> None:
         """Wait for the write in flight; raise its error, if any."""

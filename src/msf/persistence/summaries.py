@@ -83,9 +83,18 @@ def _init_wandb(cfg, exp_dir: str):
         run_id = uuid.uuid4().hex[:12]
         with open(id_path, "w") as f:
             f.write(run_id + "\n")
-    run = wandb.init(project=cfg.wandb_project, entity=cfg.wandb_user, group=cfg.wandb_group or cfg.env,
-                     job_type=cfg.wandb_job_type, tags=list(cfg.wandb_tags) or None, name=cfg.experiment,
-                     id=run_id, resume="allow", dir=exp_dir, config=cfg.to_dict())
+    run = wandb.init(
+        project=cfg.wandb_project,
+        entity=cfg.wandb_user,
+        group=cfg.wandb_group or cfg.env,
+        job_type=cfg.wandb_job_type,
+        tags=list(cfg.wandb_tags) or None,
+        name=cfg.experiment,
+        id=run_id,
+        resume="allow",
+        dir=exp_dir,
+        config=cfg.to_dict(),
+    )
     run.define_metric("global_step")
     run.define_metric("*", step_metric="global_step")
     return run
@@ -107,8 +116,14 @@ class Progress:
             from tqdm import tqdm
             from tqdm.contrib.logging import logging_redirect_tqdm
 
-            self.bar = tqdm(total=total if total and total < 10**10 else None, initial=initial, unit="frame",
-                            unit_scale=True, dynamic_ncols=True, file=sys.stderr)
+            self.bar = tqdm(
+                total=total if total and total < 10**10 else None,
+                initial=initial,
+                unit="frame",
+                unit_scale=True,
+                dynamic_ncols=True,
+                file=sys.stderr,
+            )
             self.n = initial
             self.redirect = logging_redirect_tqdm()
             self.redirect.__enter__()

@@ -49,18 +49,35 @@ def wait_for_experiment_dir(cfg: Config, recent_s: float = 10.0) -> str:
         if os.path.exists(path) and os.path.getmtime(path) >= start - recent_s:
             return d
         time.sleep(0.1)
-    raise RuntimeError(f"the experiment folder {d} was not prepared by this node's local rank 0 within "
-                       f"--dist_timeout={cfg.dist_timeout} s")
+    raise RuntimeError(
+        f"the experiment folder {d} was not prepared by this node's local rank 0 within "
+        f"--dist_timeout={cfg.dist_timeout} s"
+    )
 
 
 # Where and how this launch runs, not what the experiment is: always from the current command line
 # (like torchrun's own arguments), so an experiment resumes on another number of device groups.
-LAUNCH_FLAGS = frozenset({"train_dir", "experiment", "restart_behavior", "device", "nproc_per_node", "master_port",
-                          "with_progress_bar"})
+LAUNCH_FLAGS = frozenset(
+    {"train_dir", "experiment", "restart_behavior", "device", "nproc_per_node", "master_port", "with_progress_bar"}
+)
 # What the checkpoint's shapes depend on: changing it for an existing experiment is an error.
-FIXED_FLAGS = ("env", "encoder_mlp_layers", "nonlinearity", "actor_critic_share_weights", "normalize_input",
-               "normalize_returns", "num_policies", "encoder_conv_architecture", "encoder_conv_mlp_layers", "use_rnn",
-               "rnn_type", "rnn_size", "rnn_num_layers", "atari_full_action_space", "encoder_custom")
+FIXED_FLAGS = (
+    "env",
+    "encoder_mlp_layers",
+    "nonlinearity",
+    "actor_critic_share_weights",
+    "normalize_input",
+    "normalize_returns",
+    "num_policies",
+    "encoder_conv_architecture",
+    "encoder_conv_mlp_layers",
+    "use_rnn",
+    "rnn_type",
+    "rnn_size",
+    "rnn_num_layers",
+    "atari_full_action_space",
+    "encoder_custom",
+)
 
 
 def resume_config(cfg: Config, given: set[str]) -> tuple[Config, list[str]]:
@@ -83,17 +100,20 @@ def resume_config(cfg: Config, given: set[str]) -> tuple[Config, list[str]]:
         with open(path) as f:
             saved = Config.from_dict(json.load(f)).to_dict()
     except (OSError, ValueError, TypeError) as e:
-        raise ConfigError(f"--experiment: the saved config {path} is unreadable ({e}); use "
-                          "--restart_behavior=restart to start anew") from None
+        raise ConfigError(
+            f"--experiment: the saved config {path} is unreadable ({e}); use --restart_behavior=restart to start anew"
+        ) from None
     current = cfg.to_dict()
     changes = []
     for name in sorted(given - LAUNCH_FLAGS):
         if saved[name] == current[name]:
             continue
         if name in FIXED_FLAGS:
-            raise ConfigError(f"--{name}: cannot change for the existing experiment {cfg.experiment!r} "
-                              f"(it has {saved[name]!r}, given {current[name]!r}); use --restart_behavior=restart "
-                              "to start it anew, or another --experiment")
+            raise ConfigError(
+                f"--{name}: cannot change for the existing experiment {cfg.experiment!r} "
+                f"(it has {saved[name]!r}, given {current[name]!r}); use --restart_behavior=restart "
+                "to start it anew, or another --experiment"
+            )
         changes.append(f"--{name}: {saved[name]!r} -> {current[name]!r}")
         saved[name] = current[name]
     for name in LAUNCH_FLAGS:

@@ -19,17 +19,16 @@ import torch
 
 import msf
 from msf.cfg.config import Config, Derived
-from msf.distributed.collectives import (all_gather_tensor, all_reduce_sum_, broadcast_, check_replicas_identical,
-                                         learner_state_tensors, tensor_checksums)
-from msf.learning.pbt import pbt_decision
+from msf.distributed.collectives import Collectives, learner_state_tensors, tensor_checksums
 from msf.distributed.topology import RankInfo
 from msf.learning.learner import Learner
-from msf.learning.published_weights import PublishedWeights
+from msf.learning.pbt import pbt_decision
 from msf.persistence.checkpoint import BackgroundCheckpointWriter
 from msf.persistence.summaries import Progress, RecentRate, TensorBoardSummaries
-from msf.runner.supervision import ChildDied, check_children, describe_exit, killed_children
-from msf.sampling.affinity import auto_learner_threads, usable_cores
-from msf.sampling.messages import ComponentFailure, EpisodeStats, FullTrajectories
+from msf.runtime.affinity import auto_learner_threads, usable_cores
+from msf.runtime.supervision import ChildDied, ComponentFailure, check_children, describe_exit, killed_children
+from msf.sampling.messages import EpisodeStats, FullTrajectories
+from msf.sampling.published_weights import PublishedWeights
 from msf.sampling.trajectory_buffer import TrajectoryBuffer
 
 log = logging.getLogger("msf")
@@ -112,18 +111,36 @@ class TrainingLoop:
     all-reduce is a no-op and the code path is the same.
     """
 
-    def __init__(self, cfg: Config, derived: Derived, learners: list[Learner], buffer: TrajectoryBuffer,
-                 weights: list[PublishedWeights], ch: Channels, exp_dir: str, counters: Counters,
-                 tb: TensorBoardSummaries | None, rank: RankInfo):
-        self.cfg, self.derived, self.buffer = cfg, derived, buffer
+    def __init__(
+        self,
+        cfg: Config,
+        derived: Derived,
+        learners: list[Learner],
+        buffer: TrajectoryBuffer,
+        weights: list[PublishedWeights],
+        ch: Channels,
+        exp_dir: str,
+        counters: Counters,
+        tb: TensorBoardSummaries | None,
+        rank: RankInfo,
+        world: Collectives,
+    ):
+        self.cfg, self.derived, self.buffer, self.world = cfg, derived, buffer, world
         self.ch, self.exp_dir, self.c, self.tb, self.rank = ch, exp_dir, counters, tb, rank
         self.start_time = time.monotonic()
         self.policies = []
         for p, (learner, w, pc) in enumerate(zip(learners, weights, counters.policies)):
             pc.returns = collections.deque(pc.returns, maxlen=cfg.stats_avg)
             pc.lengths = collections.deque(pc.lengths, maxlen=cfg.stats_avg)
-            self.policies.append(_Policy(learner, w, BackgroundCheckpointWriter(
-                exp_dir, cfg.keep_checkpoints, cfg.save_best_metric, policy=p), pc, last_best=self.start_time))
+            self.policies.append(
+                _Policy(
+                    learner,
+                    w,
+                    BackgroundCheckpointWriter(exp_dir, cfg.keep_checkpoints, cfg.save_best_metric, policy=p),
+                    pc,
+                    last_best=self.start_time,
+                )
+            )
         self.learner = learners[0]  # policy 0: the run's top-level figures are its
         self.slot_policy = buffer.slot_policy.numpy()
         self.stop_reason: str | None = None
@@ -259,8 +276,9 @@ class TrainingLoop:
         return {k: v.clone() for k, v in self._empty.items()}
 
     # --- agreeing -----------------------------------------------------------------------------
-    def _agree(self, failed: bool, now: float, last_summary: float, last_save: float,
-               batches: list[dict | None]) -> np.ndarray:
+    def _agree(
+        self, failed: bool, now: float, last_summary: float, last_save: float, batches: list[dict | None]
+    ) -> np.ndarray:
         """One all-reduce: flags and counts summed over replicas, and per policy how many replicas hold a
         batch for it; updates the global counters."""
         v = torch.zeros(_HAVE + len(self.policies), dtype=torch.float64)
@@ -273,7 +291,7 @@ class TrainingLoop:
         v[_STEPS:_HAVE] = torch.from_numpy(self.delta)
         v[_HAVE:] = torch.tensor([b is not None for b in batches], dtype=torch.float64)
         self.delta[:] = 0
-        g = all_reduce_sum_(v).numpy()
+        g = self.world.all_reduce_sum_(v).numpy()
         self.c.env_steps += int(g[_STEPS])
         self.recent_steps.note(time.monotonic(), self.c.env_steps)
         self.c.episodes += int(g[_EPISODES])
@@ -287,7 +305,8 @@ class TrainingLoop:
             pol.stats.lag = (float(lag.min()), float(lag.mean()), float(lag.max()))
         weights = pol.weights
         pol.last_train_stats = pol.learner.train(
-            batch, on_sgd_step=lambda model, version: weights.publish(model, version))
+            batch, on_sgd_step=lambda model, version: weights.publish(model, version)
+        )
 
     def _pbt(self) -> None:
         """Collective, at the same iteration on every replica (the global frame count crossed a PBT period):
@@ -306,13 +325,20 @@ class TrainingLoop:
         if self.rank.is_main:
             objectives = [ps["return_mean"] for ps in self.global_stats["policies"]]
             rng = np.random.default_rng([cfg.seed or 0, self.c.pbt_round, 17])
-            for r in pbt_decision(objectives, [pol.learner.hyperparameters() for pol in self.policies], rng,
-                                  cfg.pbt_replace_fraction, cfg.pbt_replace_reward_gap,
-                                  cfg.pbt_replace_reward_gap_absolute, cfg.pbt_mutation_rate,
-                                  cfg.pbt_perturb_min, cfg.pbt_perturb_max):
+            for r in pbt_decision(
+                objectives,
+                [pol.learner.hyperparameters() for pol in self.policies],
+                rng,
+                cfg.pbt_replace_fraction,
+                cfg.pbt_replace_reward_gap,
+                cfg.pbt_replace_reward_gap_absolute,
+                cfg.pbt_mutation_rate,
+                cfg.pbt_perturb_min,
+                cfg.pbt_perturb_max,
+            ):
                 table[r.recipient, 0] = r.donor
                 table[r.recipient, 1:] = torch.tensor([r.hyperparameters[k] for k in names], dtype=torch.float64)
-        broadcast_(table, src=0)
+        self.world.broadcast_(table, src=0)
         objectives = [ps["return_mean"] for ps in self.global_stats["policies"]]
         for recipient in range(P):
             donor = int(table[recipient, 0])
@@ -323,20 +349,36 @@ class TrainingLoop:
             hyper = dict(zip(names, table[recipient, 1:].tolist()))
             pol.learner.set_hyperparameters(hyper)
             pol.weights.publish(pol.learner.model, pol.learner.policy_version)
-            checksum, donor_sum = (int(tensor_checksums(list(x.learner.model.state_dict().values())).sum())
-                                   for x in (pol, src))
-            record = {"frames": self.frames, "round": self.c.pbt_round, "recipient": recipient, "donor": donor,
-                      "recipient_objective": objectives[recipient], "donor_objective": objectives[donor],
-                      "hyperparameters": hyper}
+            checksum, donor_sum = (
+                int(tensor_checksums(list(x.learner.model.state_dict().values())).sum()) for x in (pol, src)
+            )
+            record = {
+                "frames": self.frames,
+                "round": self.c.pbt_round,
+                "recipient": recipient,
+                "donor": donor,
+                "recipient_objective": objectives[recipient],
+                "donor_objective": objectives[donor],
+                "hyperparameters": hyper,
+            }
             self.pbt_replacements.append(record)
-            log.info("PBT round %d at frame %d: policy %d (objective %.3f) takes policy %d's weights (objective "
-                     "%.3f), weights checksum %d (the donor's %d); hyperparameters %s", self.c.pbt_round, self.frames,
-                     recipient, objectives[recipient], donor, objectives[donor], checksum, donor_sum,
-                     " ".join(f"{k}={v:.6g}" for k, v in hyper.items()))
+            log.info(
+                "PBT round %d at frame %d: policy %d (objective %.3f) takes policy %d's weights (objective "
+                "%.3f), weights checksum %d (the donor's %d); hyperparameters %s",
+                self.c.pbt_round,
+                self.frames,
+                recipient,
+                objectives[recipient],
+                donor,
+                objectives[donor],
+                checksum,
+                donor_sum,
+                " ".join(f"{k}={v:.6g}" for k, v in hyper.items()),
+            )
 
     def _check_replicas(self) -> None:
         for pol in self.policies:  # the same order on every replica
-            check_replicas_identical(learner_state_tensors(pol.learner.model, pol.learner.optimizer))
+            self.world.check_identical(learner_state_tensors(pol.learner.model, pol.learner.optimizer))
 
     # --- reporting ----------------------------------------------------------------------------
     def fps(self) -> tuple[float, float]:
@@ -356,8 +398,11 @@ class TrainingLoop:
 
     def _wait_totals(self) -> tuple[float, float, float]:
         """Seconds spent waiting so far, summed over this group's rollout workers, inference workers, learner."""
-        return (sum(float(t[0]) for t in self.ch.rollout_wait), sum(float(t[2]) for t in self.ch.inference_stats),
-                self.learner_wait)
+        return (
+            sum(float(t[0]) for t in self.ch.rollout_wait),
+            sum(float(t[2]) for t in self.ch.inference_stats),
+            self.learner_wait,
+        )
 
     def _wait_shares(self) -> list[float]:
         """Share of the time since the last call that each stage (rollout, inference, learner) spent
@@ -376,24 +421,28 @@ class TrainingLoop:
         n, P = self.cfg.stats_avg, len(self.policies)
         ep = torch.full((P, 2, n), float("nan"), dtype=torch.float64)
         for p, pol in enumerate(self.policies):
-            ep[p, 0, :len(pol.stats.returns)] = torch.tensor(list(pol.stats.returns), dtype=torch.float64)
-            ep[p, 1, :len(pol.stats.lengths)] = torch.tensor(list(pol.stats.lengths), dtype=torch.float64)
+            ep[p, 0, : len(pol.stats.returns)] = torch.tensor(list(pol.stats.returns), dtype=torch.float64)
+            ep[p, 1, : len(pol.stats.lengths)] = torch.tensor(list(pol.stats.lengths), dtype=torch.float64)
         lags = [x for pol in self.policies for x in pol.stats.lag]
         empty = [pol.empty_batches for pol in self.policies]
         self.local_waits = self._wait_shares()
         per_rank = torch.tensor([self.local_fps(), *self.local_waits, *lags, *empty], dtype=torch.float64)
-        g_ep, g_rank = all_gather_tensor(ep), all_gather_tensor(per_rank)
+        g_ep, g_rank = self.world.all_gather(ep), self.world.all_gather(per_rank)
         policies = []
         for p in range(P):
             returns, lengths = g_ep[:, p, 0].flatten(), g_ep[:, p, 1].flatten()
             returns, lengths = returns[~returns.isnan()], lengths[~lengths.isnan()]
-            lag = g_rank[:, 4 + 3 * p:7 + 3 * p]  # [ranks, (min, mean, max)]
-            policies.append({
-                "return_mean": float(returns.mean()) if returns.numel() else None,
-                "length_mean": float(lengths.mean()) if lengths.numel() else None,
-                "lag_per_rank": lag.tolist(), "lag_mean": float(lag[:, 1].mean()), "lag_max": float(lag[:, 2].max()),
-                "empty_batches": int(g_rank[:, 4 + 3 * P + p].sum()),
-            })
+            lag = g_rank[:, 4 + 3 * p : 7 + 3 * p]  # [ranks, (min, mean, max)]
+            policies.append(
+                {
+                    "return_mean": float(returns.mean()) if returns.numel() else None,
+                    "length_mean": float(lengths.mean()) if lengths.numel() else None,
+                    "lag_per_rank": lag.tolist(),
+                    "lag_mean": float(lag[:, 1].mean()),
+                    "lag_max": float(lag[:, 2].max()),
+                    "empty_batches": int(g_rank[:, 4 + 3 * P + p].sum()),
+                }
+            )
         self.global_stats = {
             **{k: policies[0][k] for k in ("return_mean", "length_mean", "lag_per_rank", "lag_mean", "lag_max")},
             "policies": policies,
@@ -414,9 +463,15 @@ class TrainingLoop:
         after = auto_learner_threads(cores, n_r, rollout_wait, n_i, inference_wait, learner_wait, before)
         if after != before:
             torch.set_num_threads(after)
-        log.info("learner: %d torch thread(s) from now on, was %d (the workers kept %.2f of %.2f cores busy, the "
-                 "learner waited %.0f%% of the time; --learner_threads=N fixes the number)", after, before,
-                 n_r * (1 - rollout_wait) + n_i * (1 - inference_wait), cores, 100 * learner_wait)
+        log.info(
+            "learner: %d torch thread(s) from now on, was %d (the workers kept %.2f of %.2f cores busy, the "
+            "learner waited %.0f%% of the time; --learner_threads=N fixes the number)",
+            after,
+            before,
+            n_r * (1 - rollout_wait) + n_i * (1 - inference_wait),
+            cores,
+            100 * learner_wait,
+        )
 
     def _summaries(self) -> None:
         """Collective (every rank at the same agreement): gather the statistics; rank 0 writes TensorBoard's
@@ -430,35 +485,62 @@ class TrainingLoop:
         recent, total = self.fps()
         inf = [float(s[1]) / max(float(s[0]), 1.0) for s in self.ch.inference_stats]
         waits = dict(zip(("rollout", "inference", "learner"), gs["wait_shares"]))
-        scalars = {"perf/fps": recent, "perf/fps_since_start": total,
-                   "perf/dropped_trajectories": self.c.dropped_trajectories,
-                   **{f"perf/wait_share_{k}": v for k, v in waits.items()},
-                   "perf/inference_batch_size": float(np.mean(inf)) if inf else None}
+        scalars = {
+            "perf/fps": recent,
+            "perf/fps_since_start": total,
+            "perf/dropped_trajectories": self.c.dropped_trajectories,
+            **{f"perf/wait_share_{k}": v for k, v in waits.items()},
+            "perf/inference_batch_size": float(np.mean(inf)) if inf else None,
+        }
         for p, (pol, ps) in enumerate(zip(self.policies, gs["policies"])):
             pre = "" if p == 0 else f"p{p}/"  # policy 0's curves keep the names of a one-policy run
-            scalars.update({f"{pre}policy_lag/mean": ps["lag_mean"], f"{pre}policy_lag/max": ps["lag_max"],
-                            f"{pre}train/policy_version": pol.learner.policy_version,
-                            f"{pre}episode/return_mean": ps["return_mean"],
-                            f"{pre}episode/length_mean": ps["length_mean"]})
+            scalars.update(
+                {
+                    f"{pre}policy_lag/mean": ps["lag_mean"],
+                    f"{pre}policy_lag/max": ps["lag_max"],
+                    f"{pre}train/policy_version": pol.learner.policy_version,
+                    f"{pre}episode/return_mean": ps["return_mean"],
+                    f"{pre}episode/length_mean": ps["length_mean"],
+                }
+            )
             scalars.update({f"{pre}train/{k}": v for k, v in pol.last_train_stats.items()})
             if self.cfg.with_pbt:
                 scalars.update({f"{pre}pbt/{k}": v for k, v in pol.learner.hyperparameters().items()})
         for r, (fps, (lo, mean, hi)) in enumerate(zip(gs["fps_per_rank"], gs["lag_per_rank"])):
             if self.rank.distributed:
-                scalars.update({f"perf/fps_rank{r}": fps, f"policy_lag/rank{r}_min": lo,
-                                f"policy_lag/rank{r}_mean": mean, f"policy_lag/rank{r}_max": hi})
+                scalars.update(
+                    {
+                        f"perf/fps_rank{r}": fps,
+                        f"policy_lag/rank{r}_min": lo,
+                        f"policy_lag/rank{r}_mean": mean,
+                        f"policy_lag/rank{r}_max": hi,
+                    }
+                )
         self.tb.add(scalars, self.frames)
         rm = gs["return_mean"]
-        per_rank = (" | fps per rank " + " ".join(f"{f:.0f}" for f in gs["fps_per_rank"])) if self.rank.distributed else ""
+        per_rank = (
+            (" | fps per rank " + " ".join(f"{f:.0f}" for f in gs["fps_per_rank"])) if self.rank.distributed else ""
+        )
         per_policy = ""
         if len(self.policies) > 1:
             per_policy = " | return_mean per policy " + " ".join(
-                "n/a" if ps["return_mean"] is None else f"{ps['return_mean']:.2f}" for ps in gs["policies"])
-        log.info("frames %d | fps %.0f (10 s) %.0f (run) | return_mean %s | policy_lag mean %.1f max %.0f | "
-                 "waiting: rollout %.0f%% inference %.0f%% learner %.0f%% | train_step %d | dropped %d%s%s",
-                 self.frames, recent, total, "n/a" if rm is None else f"{rm:.2f}", gs["lag_mean"], gs["lag_max"],
-                 *(100 * v for v in waits.values()), self.learner.train_step, self.c.dropped_trajectories, per_rank,
-                 per_policy)
+                "n/a" if ps["return_mean"] is None else f"{ps['return_mean']:.2f}" for ps in gs["policies"]
+            )
+        log.info(
+            "frames %d | fps %.0f (10 s) %.0f (run) | return_mean %s | policy_lag mean %.1f max %.0f | "
+            "waiting: rollout %.0f%% inference %.0f%% learner %.0f%% | train_step %d | dropped %d%s%s",
+            self.frames,
+            recent,
+            total,
+            "n/a" if rm is None else f"{rm:.2f}",
+            gs["lag_mean"],
+            gs["lag_max"],
+            *(100 * v for v in waits.values()),
+            self.learner.train_step,
+            self.c.dropped_trajectories,
+            per_rank,
+            per_policy,
+        )
         for p in range(len(self.policies)):
             self._maybe_save_best(p)
 
@@ -477,12 +559,22 @@ class TrainingLoop:
     def checkpoint_state(self, p: int = 0) -> dict:
         """Policy ``p``'s training state, saved in ``checkpoint_p{p}/`` (global: loads on any world size)."""
         pol = self.policies[p]
-        return {**pol.learner.state_dict(), "env_steps": self.c.env_steps, "episodes": self.c.episodes,
-                "policy": p, "policy_version": pol.learner.policy_version, "config": self.cfg.to_dict(),
-                "world_size": self.rank.world_size, "msf_version": msf.__version__,
-                "episode_returns": list(pol.stats.returns), "episode_lengths": list(pol.stats.lengths),
-                "dropped_trajectories": self.c.dropped_trajectories, "best_metric": pol.stats.best_metric,
-                "pbt_round": self.c.pbt_round, "pbt_replacements": list(self.c.pbt_replacements)}
+        return {
+            **pol.learner.state_dict(),
+            "env_steps": self.c.env_steps,
+            "episodes": self.c.episodes,
+            "policy": p,
+            "policy_version": pol.learner.policy_version,
+            "config": self.cfg.to_dict(),
+            "world_size": self.rank.world_size,
+            "msf_version": msf.__version__,
+            "episode_returns": list(pol.stats.returns),
+            "episode_lengths": list(pol.stats.lengths),
+            "dropped_trajectories": self.c.dropped_trajectories,
+            "best_metric": pol.stats.best_metric,
+            "pbt_round": self.c.pbt_round,
+            "pbt_replacements": list(self.c.pbt_replacements),
+        }
 
     def save(self, wait: bool = False) -> None:
         """Rank 0 snapshots every policy's state now and writes them in the background (``wait``: and waits
@@ -527,9 +619,14 @@ class TrainingLoop:
             batches = [self._next_batch(pol) for pol in self.policies]
             if self.rank.is_main:
                 rm = self.return_mean()
-                self.progress.update(self.frames, {"fps": f"{self.fps()[1]:.0f}",
-                                                   "return": "n/a" if rm is None else f"{rm:.1f}",
-                                                   "lag": f"{self.policies[0].stats.lag[1]:.1f}"})
+                self.progress.update(
+                    self.frames,
+                    {
+                        "fps": f"{self.fps()[1]:.0f}",
+                        "return": "n/a" if rm is None else f"{rm:.1f}",
+                        "lag": f"{self.policies[0].stats.lag[1]:.1f}",
+                    },
+                )
             now = time.monotonic()
             time_spent = now - self.start_time >= self.cfg.train_for_seconds
             if all(b is None for b in batches) and failure is None and self.stop_reason is None and not time_spent:

@@ -1,1 +1,1 @@
-"""Rollout workers, inference workers and the shared-memory trajectory buffer."""
+"""Rollout workers, inference workers, the shared-memory trajectory buffer and the published weights."""

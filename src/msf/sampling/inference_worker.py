@@ -21,10 +21,10 @@ import torch
 
 from msf.cfg.config import Config, Derived
 from msf.envs.registry import EnvSpaces
-from msf.learning.published_weights import PublishedWeights
 from msf.model.actor_critic import ActorCritic
-from msf.runner.supervision import parent_alive
-from msf.sampling.affinity import INFERENCE_NICENESS, raise_niceness
+from msf.runtime.affinity import INFERENCE_NICENESS, raise_niceness
+from msf.runtime.supervision import parent_alive
+from msf.sampling.published_weights import PublishedWeights
 from msf.sampling.trajectory_buffer import TrajectoryBuffer
 
 log = logging.getLogger("msf")
@@ -42,9 +42,20 @@ class InferenceWorker:
             waiting for requests), for the summaries.
     """
 
-    def __init__(self, cfg: Config, derived: Derived, spaces: EnvSpaces, buffer: TrajectoryBuffer, policy: int,
-                 conns: dict[int, Connection], weights: PublishedWeights, device: str, stop_event: Any,
-                 parent_pid: int, stats: torch.Tensor):
+    def __init__(
+        self,
+        cfg: Config,
+        derived: Derived,
+        spaces: EnvSpaces,
+        buffer: TrajectoryBuffer,
+        policy: int,
+        conns: dict[int, Connection],
+        weights: PublishedWeights,
+        device: str,
+        stop_event: Any,
+        parent_pid: int,
+        stats: torch.Tensor,
+    ):
         self.cfg, self.conns, self.weights, self.stop_event = cfg, conns, weights, stop_event
         self.policy = policy
         self.slot_policy = buffer.slot_policy.numpy() if cfg.num_policies > 1 else None
@@ -69,7 +80,7 @@ class InferenceWorker:
 
     @torch.inference_mode()
     def _serve(self, requests: list[tuple[int, int]]) -> None:
-        cur = np.concatenate([self.cursors[w, s * self.eps:(s + 1) * self.eps] for w, s in requests])
+        cur = np.concatenate([self.cursors[w, s * self.eps : (s + 1) * self.eps] for w, s in requests])
         if self.slot_policy is not None:
             cur = cur[self.slot_policy[cur[:, 0]] == self.policy]
         slots, ts = cur[:, 0], cur[:, 1]

@@ -21,12 +21,3 @@ class EpisodeStats:
     returns: list[float]
     lengths: list[int]
     policies: list[int]  # the policy that drove each episode's agent
-
-
-@dataclass
-class ComponentFailure:
-    """Any child process -> main process: the component failed with this traceback."""
-
-    component: str
-    pid: int
-    traceback: str

@@ -19,10 +19,10 @@ import torch
 
 from msf.cfg.config import Config, Derived
 from msf.envs.vector import make_split
-from msf.sampling.affinity import ROLLOUT_NICENESS, pin_this_process, raise_niceness
+from msf.runtime.affinity import ROLLOUT_NICENESS, pin_this_process, raise_niceness
+from msf.runtime.supervision import parent_alive
 from msf.sampling.messages import EpisodeStats, FullTrajectories
 from msf.sampling.trajectory_buffer import TrajectoryBuffer
-from msf.runner.supervision import parent_alive
 
 log = logging.getLogger("msf")
 
@@ -52,9 +52,20 @@ class RolloutWorker:
             blocked on actions or on a free slot), for the summaries' share of time spent waiting.
     """
 
-    def __init__(self, cfg: Config, derived: Derived, index: int, buffer: TrajectoryBuffer, conns: list[Connection],
-                 full_queue: Any, free_queue: Any, stats_queue: Any, stop_event: Any, parent_pid: int,
-                 wait_seconds: torch.Tensor):
+    def __init__(
+        self,
+        cfg: Config,
+        derived: Derived,
+        index: int,
+        buffer: TrajectoryBuffer,
+        conns: list[Connection],
+        full_queue: Any,
+        free_queue: Any,
+        stats_queue: Any,
+        stop_event: Any,
+        parent_pid: int,
+        wait_seconds: torch.Tensor,
+    ):
         self.cfg, self.index, self.conns = cfg, index, conns
         self.wait_seconds = wait_seconds.numpy()  # a view of the shared memory: cheap to add to
         self.full_queue, self.free_queue, self.stats_queue = full_queue, free_queue, stats_queue
@@ -74,8 +85,10 @@ class RolloutWorker:
         seed = cfg.seed if cfg.seed is not None else int(np.random.SeedSequence().entropy % (2**31))
         # one EnvSplit per split: envs [lo, hi) of this worker, global env index index * E + e
         n_env, e_split = cfg.num_envs_per_worker, derived.envs_per_split
-        self.splits = [make_split(cfg, index, [index * n_env + e for e in range(s * e_split, (s + 1) * e_split)],
-                                  seed) for s in range(cfg.worker_num_splits)]
+        self.splits = [
+            make_split(cfg, index, [index * n_env + e for e in range(s * e_split, (s + 1) * e_split)], seed)
+            for s in range(cfg.worker_num_splits)
+        ]
         space = self.splits[0].action_space
         self.action_bounds = (space.low, space.high) if hasattr(space, "low") else None
         self.ep_return = np.zeros(self.E, dtype=np.float64)

@@ -3,14 +3,59 @@
 Statistics are updated explicitly by the learner (:meth:`RunningMeanStd.update`), never
 inside ``forward``, so that the forward pass is a pure function of the parameters and
 buffers that the learner publishes to the inference workers.
+
+Nothing here communicates: with several replicas, the learner passes ``reduce_sum`` (its process group's
+in-place all-reduce, :meth:`msf.distributed.collectives.Collectives.all_reduce_sum_`), which sums the
+batch moments over the replicas; without it the moments are this process's own.
 """
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import nn
 
-from msf.distributed.collectives import global_moments
+ReduceSum = Callable[[torch.Tensor], torch.Tensor]  # sums a tensor over replicas in place and returns it
+
+
+def batch_moments(
+    x: torch.Tensor, sample_ndim: int = 0, reduce_sum: ReduceSum | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Count, mean and population variance of the samples of ``x``, in float64.
+
+    Args:
+        x: ``[..., *sample_shape]``, the leading dimensions are samples.
+        sample_ndim: number of trailing dimensions that form one sample.
+        reduce_sum: sums the packed (count, sum, sum of squares) over replicas (None: this process only).
+
+    Returns:
+        count (scalar), mean and variance (``sample_shape``): with ``reduce_sum``, the moments of the
+        samples of every replica, the same values on each.
+    """
+    shape = x.shape[x.dim() - sample_ndim :] if sample_ndim else torch.Size()
+    flat = x.detach().reshape(-1, *shape)
+    # in chunks of at most ~4M elements: a batch of images in float64 would otherwise take gigabytes
+    per = max(1, (1 << 22) // max(1, shape.numel()))
+    acc = torch.float64
+    if flat.dtype == torch.uint8:
+        # pixels: float32 sums of at most 256 samples are exact (256 x 255^2 < 2^24) and 3x faster
+        per, acc = min(per, 256), torch.float32
+    s1 = torch.zeros(shape, dtype=torch.float64, device=flat.device)
+    s2 = torch.zeros(shape, dtype=torch.float64, device=flat.device)
+    for lo in range(0, flat.shape[0], per):
+        chunk = flat[lo : lo + per].to(acc)
+        s1 += chunk.sum(0)
+        s2 += chunk.square_().sum(0)
+    n = torch.tensor([float(flat.shape[0])], dtype=torch.float64, device=flat.device)
+    packed = torch.cat([n, s1.reshape(-1), s2.reshape(-1)])
+    if reduce_sum is not None:
+        packed = reduce_sum(packed)
+    count = packed[0]
+    k = (packed.numel() - 1) // 2
+    mean = (packed[1 : 1 + k] / count.clamp(min=1)).reshape(shape)
+    var = (packed[1 + k :] / count.clamp(min=1)).reshape(shape) - mean.square()
+    return count, mean, var.clamp(min=0.0)
 
 
 class RunningMeanStd(nn.Module):
@@ -39,14 +84,14 @@ class RunningMeanStd(nn.Module):
         self.register_buffer("std_f32", torch.full(shape, (1.0 + eps) ** 0.5, dtype=torch.float32))
 
     @torch.no_grad()
-    def update(self, x: torch.Tensor) -> None:
+    def update(self, x: torch.Tensor, reduce_sum: ReduceSum | None = None) -> None:
         """Merge a batch ``x`` of shape ``[N, *shape]`` into the statistics.
 
-        With several replicas this is a collective: the batch moments are all-reduced
-        (count, sum, sum of squares), so every replica merges the same global moments and
+        With ``reduce_sum`` (a collective: every replica calls it) the batch moments (count, sum, sum of
+        squares) are summed over the replicas, so every replica merges the same global moments and
         ``count`` is the true number of samples.
         """
-        n_b, m_b, v_b = global_moments(x.reshape(-1, *self.mean.shape), sample_ndim=self.mean.dim())
+        n_b, m_b, v_b = batch_moments(x.reshape(-1, *self.mean.shape), self.mean.dim(), reduce_sum)
         if n_b == 0:
             return
         n_a = self.count

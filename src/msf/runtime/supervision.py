@@ -3,7 +3,7 @@
 Every child is started one way, :func:`spawn` (the ``spawn`` start method: no inherited
 locks or CUDA state). A child ignores SIGINT (a Ctrl-C reaches the whole process group;
 only the main process decides how to stop), reports an exception as a
-:class:`~msf.sampling.messages.ComponentFailure` on the failure queue, and exits non-zero.
+:class:`ComponentFailure` on the failure queue, and exits non-zero.
 """
 
 from __future__ import annotations
@@ -12,14 +12,22 @@ import logging
 import os
 import signal
 import traceback
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch.multiprocessing as mp
 
-from msf.sampling.messages import ComponentFailure
-
 CTX = mp.get_context("spawn")
 log = logging.getLogger("msf")
+
+
+@dataclass
+class ComponentFailure:
+    """Any child process -> main process: the component failed with this traceback."""
+
+    component: str
+    pid: int
+    traceback: str
 
 
 def _child_main(target: Callable[..., None], name: str, failures: Any, log_level: int, args: tuple) -> None:
@@ -40,8 +48,9 @@ def _child_main(target: Callable[..., None], name: str, failures: Any, log_level
 
 def spawn(target: Callable[..., None], name: str, failures: Any, *args: Any) -> mp.Process:
     """Start ``target(*args)`` in a new process named ``name`` and return it (already started)."""
-    p = CTX.Process(target=_child_main, args=(target, name, failures, log.getEffectiveLevel(), args),
-                    name=name, daemon=True)
+    p = CTX.Process(
+        target=_child_main, args=(target, name, failures, log.getEffectiveLevel(), args), name=name, daemon=True
+    )
     use_quiet_executable()
     p.start()
     return p

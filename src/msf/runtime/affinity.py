@@ -83,13 +83,16 @@ def set_learner_niceness(niceness: int) -> str | None:
     try:
         os.setpriority(os.PRIO_PROCESS, 0, target)
     except PermissionError:
-        return (f"--default_niceness={niceness}: lowering the niceness below {now} needs privileges "
-                f"(CAP_SYS_NICE); the learner stays at {now}")
+        return (
+            f"--default_niceness={niceness}: lowering the niceness below {now} needs privileges "
+            f"(CAP_SYS_NICE); the learner stays at {now}"
+        )
     return None
 
 
-def learner_threads(learner_threads_flag: int, num_workers: int, inference_workers: int, nproc_per_node: int,
-                    cores: int) -> int:
+def learner_threads(
+    learner_threads_flag: int, num_workers: int, inference_workers: int, nproc_per_node: int, cores: int
+) -> int:
     """torch threads a learner replica starts with: ``--learner_threads`` when given (> 0); otherwise the
     cores left when each of the node's ``num_workers`` rollout workers and ``inference_workers`` inference
     workers holds one, shared by the node's ``nproc_per_node`` replicas, and at least 1."""
@@ -98,8 +101,15 @@ def learner_threads(learner_threads_flag: int, num_workers: int, inference_worke
     return max(1, (cores - num_workers - inference_workers) // nproc_per_node)
 
 
-def auto_learner_threads(cores: float, rollout_workers: int, rollout_wait: float, inference_workers: int,
-                         inference_wait: float, learner_wait: float, current: int) -> int:
+def auto_learner_threads(
+    cores: float,
+    rollout_workers: int,
+    rollout_wait: float,
+    inference_workers: int,
+    inference_wait: float,
+    learner_wait: float,
+    current: int,
+) -> int:
     """The learner's torch threads chosen from what the workers were measured to use (``--learner_threads=0``).
 
     The start rule assumes every worker keeps a core busy. With pixel envs on few cores they mostly wait for
