@@ -316,6 +316,7 @@ def sampler_fps(flags: list[str], seconds: float, warmup: float) -> float:
     from msf.model.actor_critic import ActorCritic
     from msf.runner.device_group import _start_workers
     from msf.runtime.supervision import CTX, stop_children
+    from msf.sampling.messages import SlotsReturned
     from msf.sampling.published_weights import PublishedWeights
     from msf.sampling.trajectory_buffer import TrajectoryBuffer
 
@@ -334,7 +335,7 @@ def sampler_fps(flags: list[str], seconds: float, warmup: float) -> float:
                 msg = ch.full_queue.get(timeout=1.0)
             except queue_mod.Empty:
                 continue
-            ch.free_queues[msg.worker].put(msg.slots)
+            ch.free_queues[msg.worker].put(SlotsReturned(msg.slots))
             if t_start is None and time.monotonic() > t_end - 60 - seconds:
                 t_start, steps = time.monotonic(), 0
             elif t_start is not None:

@@ -40,6 +40,7 @@ from msf.runner.training_loop import Channels, Counters, PolicyCounters, Trainin
 from msf.runtime.affinity import learner_threads, set_learner_niceness, usable_cores, worker_cores
 from msf.runtime.supervision import CTX, spawn, stop_children, use_quiet_executable
 from msf.sampling.inference_worker import inference_worker_main
+from msf.sampling.messages import InferenceCounters, RolloutCounters
 from msf.sampling.published_weights import PublishedWeights
 from msf.sampling.rollout_worker import rollout_worker_main
 from msf.sampling.trajectory_buffer import TrajectoryBuffer
@@ -99,8 +100,8 @@ def _start_workers(
     free_queues = [CTX.Queue() for _ in range(cfg.num_workers)]
     K, P = cfg.policy_workers_per_policy, cfg.num_policies
     pipes = [[CTX.Pipe(duplex=True) for _ in range(P)] for _ in range(cfg.num_workers)]
-    inference_stats = [torch.zeros(3, dtype=torch.float64).share_memory_() for _ in range(P * K)]
-    rollout_wait = [torch.zeros(1, dtype=torch.float64).share_memory_() for _ in range(cfg.num_workers)]
+    inference_stats = [InferenceCounters() for _ in range(P * K)]
+    rollout_wait = [RolloutCounters() for _ in range(cfg.num_workers)]
     procs = []
     me = os.getpid()
     for p in range(P):

@@ -27,7 +27,7 @@ from msf.persistence.checkpoint import BackgroundCheckpointWriter
 from msf.persistence.summaries import Progress, RecentRate, TensorBoardSummaries
 from msf.runtime.affinity import auto_learner_threads, usable_cores
 from msf.runtime.supervision import ChildDied, ComponentFailure, check_children, describe_exit, killed_children
-from msf.sampling.messages import EpisodeStats, FullTrajectories
+from msf.sampling.messages import EpisodeStats, FullTrajectories, InferenceCounters, RolloutCounters, SlotsReturned
 from msf.sampling.published_weights import PublishedWeights
 from msf.sampling.trajectory_buffer import TrajectoryBuffer
 
@@ -56,8 +56,8 @@ class Channels:
     stats_queue: Any
     failures: Any
     procs: list[Any]
-    inference_stats: list[torch.Tensor]  # per inference worker: (batches, samples, seconds waiting)
-    rollout_wait: list[torch.Tensor]  # per rollout worker: seconds waiting for actions or a free slot
+    inference_stats: list[InferenceCounters]  # per inference worker
+    rollout_wait: list[RolloutCounters]  # per rollout worker
 
 
 @dataclass
@@ -244,7 +244,7 @@ class TrainingLoop:
         for w, s in items:
             by_worker[w].append(s)
         for w, ss in by_worker.items():
-            self.ch.free_queues[w].put(ss)
+            self.ch.free_queues[w].put(SlotsReturned(ss))
         lag = pol.learner.policy_version - batch["policy_versions"].min(1).values
         keep = lag <= self.cfg.max_policy_lag
         if not bool(keep.all()):
@@ -399,8 +399,8 @@ class TrainingLoop:
     def _wait_totals(self) -> tuple[float, float, float]:
         """Seconds spent waiting so far, summed over this group's rollout workers, inference workers, learner."""
         return (
-            sum(float(t[0]) for t in self.ch.rollout_wait),
-            sum(float(t[2]) for t in self.ch.inference_stats),
+            sum(c.wait_seconds for c in self.ch.rollout_wait),
+            sum(c.wait_seconds for c in self.ch.inference_stats),
             self.learner_wait,
         )
 
@@ -483,7 +483,7 @@ class TrainingLoop:
             return
         gs = self.global_stats
         recent, total = self.fps()
-        inf = [float(s[1]) / max(float(s[0]), 1.0) for s in self.ch.inference_stats]
+        inf = [c.samples / max(c.batches, 1.0) for c in self.ch.inference_stats]
         waits = dict(zip(("rollout", "inference", "learner"), gs["wait_shares"]))
         scalars = {
             "perf/fps": recent,

@@ -24,6 +24,7 @@ from msf.envs.registry import EnvSpaces
 from msf.model.actor_critic import ActorCritic
 from msf.runtime.affinity import INFERENCE_NICENESS, raise_niceness
 from msf.runtime.supervision import parent_alive
+from msf.sampling.messages import InferenceCounters
 from msf.sampling.published_weights import PublishedWeights
 from msf.sampling.trajectory_buffer import TrajectoryBuffer
 
@@ -38,7 +39,7 @@ class InferenceWorker:
             (``buffer.slot_policy``), and leaves the others of a split to their policies' workers.
         conns: ``{rollout worker index: pipe end}`` of the rollout workers it serves.
         weights: the learner's published weights. device: torch device of the forward pass.
-        stats: shared ``[3]`` float64 tensor this worker adds to: (batches, samples, seconds spent
+        stats: the shared counters this worker adds to: (batches, samples, seconds spent
             waiting for requests), for the summaries.
     """
 
@@ -54,12 +55,12 @@ class InferenceWorker:
         device: str,
         stop_event: Any,
         parent_pid: int,
-        stats: torch.Tensor,
+        stats: InferenceCounters,
     ):
         self.cfg, self.conns, self.weights, self.stop_event = cfg, conns, weights, stop_event
         self.policy = policy
         self.slot_policy = buffer.slot_policy.numpy() if cfg.num_policies > 1 else None
-        self.parent_pid, self.stats = parent_pid, stats.numpy()  # a view of the shared memory
+        self.parent_pid, self.stats = parent_pid, stats
         self.device = torch.device(device)
         self.eps = derived.agents_per_split
         self.T = cfg.rollout
@@ -96,8 +97,7 @@ class InferenceWorker:
         self.log_probs_flat[act_idx] = log_probs.to("cpu")
         self.values_flat[act_idx] = values.to("cpu")
         self.versions_flat[act_idx] = self.version
-        self.stats[0] += 1
-        self.stats[1] += len(slots)
+        self.stats.add_batch(len(slots))
 
     def run(self) -> None:
         """Serve requests until the stop event is set or the parent process is gone."""
@@ -105,7 +105,7 @@ class InferenceWorker:
         while not self.stop_event.is_set() and parent_alive(self.parent_pid):
             t0 = time.monotonic()
             ready = wait(conns, timeout=0.5)
-            self.stats[2] += time.monotonic() - t0
+            self.stats.add_wait(time.monotonic() - t0)
             if not ready:
                 continue
             requests = []

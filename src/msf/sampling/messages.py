@@ -1,11 +1,15 @@
-"""Small messages between processes (queues carry these, never trajectories)."""
+"""Small messages between processes (queues carry these, never trajectories), and named views over the
+counters the workers share with the training loop."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+import torch
 
-@dataclass
+
+@dataclass(frozen=True)
 class FullTrajectories:
     """Rollout worker -> learner: these slots hold finished trajectories."""
 
@@ -13,7 +17,14 @@ class FullTrajectories:
     slots: list[int]
 
 
-@dataclass
+@dataclass(frozen=True)
+class SlotsReturned:
+    """Learner -> rollout worker: these of its slots were copied out and may be written again."""
+
+    slots: list[int]
+
+
+@dataclass(frozen=True)
 class EpisodeStats:
     """Rollout worker -> learner: finished episodes since the last message (raw env rewards)."""
 
@@ -21,3 +32,70 @@ class EpisodeStats:
     returns: list[float]
     lengths: list[int]
     policies: list[int]  # the policy that drove each episode's agent
+
+
+class InferenceCounters:
+    """What one inference worker has done so far, in shared memory: batches served, samples served, seconds
+    spent waiting for requests. The worker adds to them; the training loop reads them for the summaries.
+
+    Args:
+        shared: a ``[3]`` float64 tensor (None: allocate one in shared memory).
+    """
+
+    SIZE = 3
+
+    def __init__(self, shared: torch.Tensor | None = None):
+        self.tensor = torch.zeros(self.SIZE, dtype=torch.float64).share_memory_() if shared is None else shared
+        self._v = self.tensor.numpy()  # a view of the shared memory: adding to it costs nanoseconds
+
+    def __getstate__(self) -> dict:
+        return {"tensor": self.tensor}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["tensor"])
+
+    def add_batch(self, samples: int) -> None:
+        self._v[0] += 1
+        self._v[1] += samples
+
+    def add_wait(self, seconds: float) -> None:
+        self._v[2] += seconds
+
+    @property
+    def batches(self) -> float:
+        return float(self._v[0])
+
+    @property
+    def samples(self) -> float:
+        return float(self._v[1])
+
+    @property
+    def wait_seconds(self) -> float:
+        return float(self._v[2])
+
+
+class RolloutCounters:
+    """What one rollout worker has spent so far, in shared memory: seconds waiting for actions or a free slot.
+
+    Args:
+        shared: a ``[1]`` float64 tensor (None: allocate one in shared memory).
+    """
+
+    SIZE = 1
+
+    def __init__(self, shared: torch.Tensor | None = None):
+        self.tensor = torch.zeros(self.SIZE, dtype=torch.float64).share_memory_() if shared is None else shared
+        self._v: np.ndarray = self.tensor.numpy()
+
+    def __getstate__(self) -> dict:
+        return {"tensor": self.tensor}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["tensor"])
+
+    def add_wait(self, seconds: float) -> None:
+        self._v[0] += seconds
+
+    @property
+    def wait_seconds(self) -> float:
+        return float(self._v[0])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import queue
 import time
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -21,7 +22,7 @@ from msf.cfg.config import Config, Derived
 from msf.envs.vector import make_split
 from msf.runtime.affinity import ROLLOUT_NICENESS, pin_this_process, raise_niceness
 from msf.runtime.supervision import parent_alive
-from msf.sampling.messages import EpisodeStats, FullTrajectories
+from msf.sampling.messages import EpisodeStats, FullTrajectories, RolloutCounters
 from msf.sampling.trajectory_buffer import TrajectoryBuffer
 
 log = logging.getLogger("msf")
@@ -48,7 +49,7 @@ class RolloutWorker:
         free_queue: where the learner returns this worker's slots once copied out.
         stats_queue: where finished episodes are reported (:class:`EpisodeStats`).
         stop_event: set by the main process to stop.
-        wait_seconds: shared ``[1]`` float64 tensor this worker adds its waiting time to (seconds
+        wait_seconds: the shared counter this worker adds its waiting time to (seconds
             blocked on actions or on a free slot), for the summaries' share of time spent waiting.
     """
 
@@ -64,10 +65,10 @@ class RolloutWorker:
         stats_queue: Any,
         stop_event: Any,
         parent_pid: int,
-        wait_seconds: torch.Tensor,
+        wait_seconds: RolloutCounters,
     ):
         self.cfg, self.index, self.conns = cfg, index, conns
-        self.wait_seconds = wait_seconds.numpy()  # a view of the shared memory: cheap to add to
+        self.wait_seconds = wait_seconds
         self.full_queue, self.free_queue, self.stats_queue = full_queue, free_queue, stats_queue
         self.stop_event, self.parent_pid = stop_event, parent_pid
         self.T = cfg.rollout
@@ -112,10 +113,10 @@ class RolloutWorker:
             t0 = time.monotonic()
             while not self.free_slots:
                 try:
-                    self.free_slots.extend(self.free_queue.get(timeout=0.5))
-                except Exception:  # queue.Empty
+                    self.free_slots.extend(self.free_queue.get(timeout=0.5).slots)
+                except queue.Empty:
                     self._check_stop()
-            self.wait_seconds[0] += time.monotonic() - t0
+            self.wait_seconds.add_wait(time.monotonic() - t0)
         return self.free_slots.popleft()
 
     def _check_stop(self) -> None:
@@ -220,7 +221,7 @@ class RolloutWorker:
             while True:
                 t0 = time.monotonic()
                 ready = wait(self.conns, timeout=0.5)
-                self.wait_seconds[0] += time.monotonic() - t0
+                self.wait_seconds.add_wait(time.monotonic() - t0)
                 if not ready:
                     self._check_stop()
                     if time.monotonic() - last_reply > ACTION_TIMEOUT_S:
