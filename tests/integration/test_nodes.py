@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -407,6 +406,6 @@ def test_two_nodes_with_two_policies_and_pbt(train_dir):
     assert r0 == 0 and r1 == 0, (e0[-2000:], e1[-2000:])
     s = read_summary(train_dir / "node0", "pop")
     assert s["world_size"] == 2 and set(s["policies"]) == {"0", "1"} and s["pbt_replacements"]
-    logs = [(train_dir / f"node{n}" / "pop" / "log.txt").read_text() for n in (0, 1)]
-    decisions = [re.findall(r"(PBT round \d+ .*)", log) for log in logs]
-    assert decisions[0] and decisions[0] == decisions[1]
+    # node 1 applied the same decisions: --ddp_check_interval=1 compares the replicas right after each round
+    for rec in s["pbt_replacements"]:
+        assert rec["weights_checksum"] == rec["donor_weights_checksum"], rec

@@ -23,6 +23,7 @@ import logging
 import os
 import signal
 import time
+from multiprocessing.synchronize import Event
 from typing import Any
 
 import torch
@@ -33,14 +34,15 @@ from msf.distributed.collectives import collectives_of, learner_state_tensors
 from msf.distributed.topology import RankInfo, split_evenly
 from msf.envs.registry import EnvSpaces
 from msf.learning.learner import Learner
-from msf.persistence.checkpoint import load_latest_checkpoint
 from msf.persistence.summaries import TensorBoardSummaries, setup_logging, write_json_atomic
+from msf.persistence.train_state import TrainState
 from msf.runner.experiment import experiment_dir
-from msf.runner.training_loop import Channels, Counters, PolicyCounters, TrainingLoop
+from msf.runner.training_loop import Channels, TrainingLoop
 from msf.runtime.affinity import learner_threads, set_learner_niceness, usable_cores, worker_cores
 from msf.runtime.supervision import CTX, spawn, stop_children, use_quiet_executable
 from msf.sampling.inference_worker import inference_worker_main
 from msf.sampling.messages import InferenceCounters, RolloutCounters
+from msf.sampling.protocol import InferenceWorkerSpec, RolloutWorkerSpec
 from msf.sampling.published_weights import PublishedWeights
 from msf.sampling.rollout_worker import rollout_worker_main
 from msf.sampling.trajectory_buffer import TrajectoryBuffer
@@ -87,12 +89,13 @@ def _start_workers(
     buffer: TrajectoryBuffer,
     weights: list[PublishedWeights],
     device: str,
-    stop_event: Any,
+    stop_event: Event,
     prefix: str = "",
     node_workers: tuple[int, int] | None = None,
 ) -> Channels:
     """Spawn the inference workers (``policy_workers_per_policy`` per policy) and the rollout workers;
     rollout worker ``w`` has one pipe per policy, to that policy's inference worker ``w % policy_workers_per_policy``.
+    Every channel is listed in :mod:`msf.sampling.protocol`.
 
     ``node_workers``: (index of this group's first rollout worker among the node's, the node's rollout workers),
     for ``--set_workers_cpu_affinity``; None: this group's workers are all of the node's."""
@@ -106,26 +109,21 @@ def _start_workers(
     me = os.getpid()
     for p in range(P):
         for i in range(K):
-            conns = {w: pipes[w][p][0] for w in range(i, cfg.num_workers, K)}
-            name = f"{prefix}inference_worker_{i}" if P == 1 else f"{prefix}inference_worker_p{p}_{i}"
-            procs.append(
-                spawn(
-                    inference_worker_main,
-                    name,
-                    failures,
-                    cfg,
-                    derived,
-                    spaces,
-                    buffer,
-                    p,
-                    conns,
-                    weights[p],
-                    device,
-                    stop_event,
-                    me,
-                    inference_stats[p * K + i],
-                )
+            spec = InferenceWorkerSpec(
+                cfg=cfg,
+                derived=derived,
+                spaces=spaces,
+                buffer=buffer,
+                policy=p,
+                conns={w: pipes[w][p][0] for w in range(i, cfg.num_workers, K)},
+                weights=weights[p],
+                device=device,
+                stop_event=stop_event,
+                parent_pid=me,
+                counters=inference_stats[p * K + i],
             )
+            name = f"{prefix}inference_worker_{i}" if P == 1 else f"{prefix}inference_worker_p{p}_{i}"
+            procs.append(spawn(inference_worker_main, name, failures, spec))
     first, total = node_workers or (0, cfg.num_workers)
     cores = usable_cores()
     if cfg.set_workers_cpu_affinity and worker_cores(first, total, cores) is None:
@@ -143,25 +141,21 @@ def _start_workers(
     elif pins and pins[0] is not None:
         log.info("rollout workers pinned to CPU cores: %s", ", ".join(f"{w}: {c}" for w, c in enumerate(pins)))
     for w, pin in enumerate(pins):
-        procs.append(
-            spawn(
-                rollout_worker_main,
-                f"{prefix}rollout_worker_{w}",
-                failures,
-                pin,
-                cfg,
-                derived,
-                w,
-                buffer,
-                [pipes[w][p][1] for p in range(P)],
-                full_queue,
-                free_queues[w],
-                stats_queue,
-                stop_event,
-                me,
-                rollout_wait[w],
-            )
+        spec = RolloutWorkerSpec(
+            cfg=cfg,
+            derived=derived,
+            index=w,
+            buffer=buffer,
+            conns=[pipes[w][p][1] for p in range(P)],
+            full_queue=full_queue,
+            free_queue=free_queues[w],
+            stats_queue=stats_queue,
+            stop_event=stop_event,
+            parent_pid=me,
+            counters=rollout_wait[w],
+            cores=pin,
         )
+        procs.append(spawn(rollout_worker_main, f"{prefix}rollout_worker_{w}", failures, spec))
     return Channels(full_queue, free_queues, stats_queue, failures, procs, inference_stats, rollout_wait)
 
 
@@ -181,81 +175,64 @@ def run_device_group(cfg: Config, spaces: EnvSpaces, rank: RankInfo) -> dict | N
     setup_logging(exp_dir, rank=rank.rank if rank.distributed else None)
     device = f"cuda:{rank.local_rank}" if cfg.device == "gpu" else "cpu"
     torch.manual_seed(cfg.seed)  # the same on every replica; DDP also broadcasts rank 0's weights
-    P = cfg.num_policies
-    if cfg.default_niceness != 0:  # before the workers are spawned: they inherit it and add their offsets
-        why = set_learner_niceness(cfg.default_niceness)
-        if why:
-            log.warning(why)
-    if hasattr(os, "getpriority"):
-        log.info("learner runs at niceness %d", os.getpriority(os.PRIO_PROCESS, 0))
-    torch.set_num_threads(
-        learner_threads(
-            cfg.learner_threads,
-            cfg.num_workers,
-            cfg.policy_workers_per_policy * P * rank.nproc_per_node,
-            rank.nproc_per_node,
-            len(usable_cores()),
-        )
-    )
-    log.info(
-        "learner: %d torch thread(s) (--learner_threads=%d%s)",
-        torch.get_num_threads(),
-        cfg.learner_threads,
-        ": chosen again from the measured load after 30 s" if cfg.learner_threads == 0 else "",
-    )
-    # one process group per policy over all ranks, created in the same order on every rank: each policy's
-    # DDP and learner collectives run on its own group (one policy: the default group)
-    groups = (
-        [torch.distributed.new_group(list(range(rank.world_size))) for _ in range(P)]
-        if rank.distributed and P > 1
-        else [None] * P
-    )
-    learners = []
-    for p in range(P):
-        torch.manual_seed(cfg.seed + p)  # policies start apart; a policy's replicas start equal (and DDP broadcasts)
-        learners.append(Learner(group_cfg, derived, spaces, device, collectives=collectives_of(groups[p])))
+    _set_learner_process(cfg, rank)
+    learners = _make_learners(cfg, group_cfg, derived, spaces, device, rank)
     world = collectives_of()  # every rank: the loop's agreement, the statistics, the checkpoint exchange
-    counters = Counters(policies=[PolicyCounters() for _ in range(P)])
-    purge_step = None
-    for p, learner in enumerate(learners):
-        state = load_latest_checkpoint(exp_dir, policy=p) if cfg.restart_behavior == "resume" else None
-        if rank.distributed:
-            # no shared file system needed: the rank with the newest checkpoint sends it to the others
-            state = world.newest_state(state)
-        if state is None:
-            continue
-        learner.load_state_dict(state)
-        saved_lr = state.get("config", {}).get("learning_rate")
-        if saved_lr is not None and saved_lr != cfg.learning_rate:
-            # --learning_rate was changed on the command line: it replaces the checkpoint's lr
-            learner.set_lr(cfg.learning_rate)
-            log.info("learning rate set to %g (--learning_rate changed from %g)", cfg.learning_rate, saved_lr)
-        counters.policies[p] = PolicyCounters(
-            returns=state["episode_returns"], lengths=state["episode_lengths"], best_metric=state.get("best_metric")
+    # no shared file system needed: the rank with the newest checkpoint sends it to the others
+    state = TrainState.restore(
+        learners,
+        exp_dir,
+        cfg.restart_behavior == "resume",
+        cfg.learning_rate,
+        cfg.stats_avg,
+        exchange=world.newest_state,
+    )
+    if _budget_spent(cfg, state, derived):
+        return None  # every rank reads the same checkpoint, so every rank returns here: nothing to agree on
+    _log_start(cfg, group_cfg, rank, device, exp_dir)
+    for learner in learners:
+        world.check_identical(learner_state_tensors(learner.model, learner.optimizer))
+    buffer = TrajectoryBuffer.allocate(group_cfg, derived, spaces)
+    weights = [PublishedWeights(learner.model) for learner in learners]
+    for w, learner in zip(weights, learners):
+        w.publish(learner.model, learner.policy_version)
+    tb = (
+        TensorBoardSummaries(
+            exp_dir, purge_step=state.purge_step(derived.frameskip), wandb_cfg=cfg if cfg.with_wandb else None
         )
-        if p == 0:
-            counters.env_steps, counters.episodes = state["env_steps"], state["episodes"]
-            counters.dropped_trajectories = state["dropped_trajectories"]
-            counters.pbt_round = int(state.get("pbt_round", 0))
-            counters.pbt_replacements = list(state.get("pbt_replacements", []))
-            # the curves resume after the checkpoint's point, which the run that stopped there wrote last
-            # (a run that died later wrote more: those events are dropped from the curves)
-            purge_step = counters.env_steps * derived.frameskip + 1
-        log.info(
-            "resumed%s from %s at env step %d, policy version %d",
-            f" policy {p}" if P > 1 else "",
-            state["path"],
-            state["env_steps"],
-            learner.policy_version,
-        )
-    if purge_step is not None and counters.env_steps * derived.frameskip >= cfg.train_for_env_steps:
-        # every rank reads the same checkpoint, so every rank returns here: nothing to agree on
-        log.info(
-            "the budget (--train_for_env_steps=%d) is already spent: nothing to do; the results of the "
-            "finished run are kept",
-            cfg.train_for_env_steps,
-        )
-        return None
+        if rank.is_main
+        else None
+    )
+    stop_event = CTX.Event()
+    ch = _start_rank_workers(cfg, group_cfg, derived, spaces, buffer, weights, device, stop_event, rank)
+    loop = TrainingLoop(cfg, derived, learners, buffer, weights, ch, exp_dir, state, tb, rank, world)
+    signals = _SignalHandler(loop)
+    t0 = time.monotonic()
+    status, error = _run_loop(loop, ch, stop_event, tb)
+    summary = None
+    if rank.is_main:
+        summary = loop.reporter.summary(status, time.monotonic() - t0)
+        write_json_atomic(os.path.join(exp_dir, "summary.json"), summary)
+    # only now: a second Ctrl-C during the teardown above must still exit at once
+    signals.restore()
+    if status == "failed":
+        raise RunFailed(str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__) from error
+    return summary
+
+
+def _budget_spent(cfg: Config, state: TrainState, derived: Derived) -> bool:
+    """A resumed run whose checkpoint already holds the whole ``--train_for_env_steps`` budget (logged)."""
+    if state.resumed_env_steps is None or state.env_steps * derived.frameskip < cfg.train_for_env_steps:
+        return False
+    log.info(
+        "the budget (--train_for_env_steps=%d) is already spent: nothing to do; the results of the "
+        "finished run are kept",
+        cfg.train_for_env_steps,
+    )
+    return True
+
+
+def _log_start(cfg: Config, group_cfg: Config, rank: RankInfo, device: str, exp_dir: str) -> None:
     log.info(
         "msf %s | %s | rank %d/%d | device %s | %d rollout workers x %d envs, %d inference worker(s) | %s",
         msf.__version__,
@@ -268,22 +245,68 @@ def run_device_group(cfg: Config, spaces: EnvSpaces, rank: RankInfo) -> dict | N
         cfg.policy_workers_per_policy,
         exp_dir,
     )
-    for learner in learners:
-        world.check_identical(learner_state_tensors(learner.model, learner.optimizer))
-    buffer = TrajectoryBuffer.allocate(group_cfg, derived, spaces)
-    weights = [PublishedWeights(learner.model) for learner in learners]
-    for w, learner in zip(weights, learners):
-        w.publish(learner.model, learner.policy_version)
-    stop_event = CTX.Event()
-    tb = (
-        TensorBoardSummaries(exp_dir, purge_step=purge_step, wandb_cfg=cfg if cfg.with_wandb else None)
-        if rank.is_main
-        else None
+
+
+def _set_learner_process(cfg: Config, rank: RankInfo) -> None:
+    """This process's niceness and torch threads (before the workers are spawned: they inherit the niceness
+    and add their offsets)."""
+    if cfg.default_niceness != 0:
+        why = set_learner_niceness(cfg.default_niceness)
+        if why:
+            log.warning(why)
+    if hasattr(os, "getpriority"):
+        log.info("learner runs at niceness %d", os.getpriority(os.PRIO_PROCESS, 0))
+    torch.set_num_threads(
+        learner_threads(
+            cfg.learner_threads,
+            cfg.num_workers,
+            cfg.policy_workers_per_policy * cfg.num_policies * rank.nproc_per_node,
+            rank.nproc_per_node,
+            len(usable_cores()),
+        )
     )
+    log.info(
+        "learner: %d torch thread(s) (--learner_threads=%d%s)",
+        torch.get_num_threads(),
+        cfg.learner_threads,
+        ": chosen again from the measured load after 30 s" if cfg.learner_threads == 0 else "",
+    )
+
+
+def _make_learners(
+    cfg: Config, group_cfg: Config, derived: Derived, spaces: EnvSpaces, device: str, rank: RankInfo
+) -> list[Learner]:
+    """One learner per policy, each on its own process group over all ranks (one policy: the default group),
+    created in the same order on every rank, where its DDP and its learner collectives run."""
+    P = cfg.num_policies
+    groups = (
+        [torch.distributed.new_group(list(range(rank.world_size))) for _ in range(P)]
+        if rank.distributed and P > 1
+        else [None] * P
+    )
+    learners = []
+    for p in range(P):
+        torch.manual_seed(cfg.seed + p)  # policies start apart; a policy's replicas start equal (and DDP broadcasts)
+        learners.append(Learner(group_cfg, derived, spaces, device, collectives=collectives_of(groups[p])))
+    return learners
+
+
+def _start_rank_workers(
+    cfg: Config,
+    group_cfg: Config,
+    derived: Derived,
+    spaces: EnvSpaces,
+    buffer: TrajectoryBuffer,
+    weights: list[PublishedWeights],
+    device: str,
+    stop_event: Any,
+    rank: RankInfo,
+) -> Channels:
+    """This device group's workers (:func:`_start_workers`), with their own seeds and names."""
     # environments are seeded differently on every rank, so that replicas see different experience
     worker_cfg = dataclasses.replace(group_cfg, seed=cfg.seed + 1_000_003 * rank.rank)
     first_worker = sum(split_evenly(cfg.num_workers, rank.nproc_per_node, i) for i in range(rank.local_rank))
-    ch = _start_workers(
+    return _start_workers(
         worker_cfg,
         derived,
         spaces,
@@ -294,9 +317,16 @@ def run_device_group(cfg: Config, spaces: EnvSpaces, rank: RankInfo) -> dict | N
         prefix=f"rank{rank.rank}/" if rank.distributed else "",
         node_workers=(first_worker, cfg.num_workers),
     )
-    loop = TrainingLoop(cfg, derived, learners, buffer, weights, ch, exp_dir, counters, tb, rank, world)
-    signals = _SignalHandler(loop)
-    t0 = time.monotonic()
+
+
+def _run_loop(
+    loop: TrainingLoop, ch: Channels, stop_event: Any, tb: TensorBoardSummaries | None
+) -> tuple[str, Exception | None]:
+    """Run the loop, save the final checkpoints, then stop the workers whatever happened.
+
+    Returns:
+        the status ("done", "stopped" or "failed") and, when failed, the error.
+    """
     error: Exception | None = None
     try:
         status = loop.run()
@@ -315,60 +345,4 @@ def run_device_group(cfg: Config, spaces: EnvSpaces, rank: RankInfo) -> dict | N
         stop_children(ch.procs)
         if tb is not None:
             tb.close()
-    summary = None
-    if rank.is_main:
-        summary = _summary(cfg, rank, loop, status, time.monotonic() - t0)
-        write_json_atomic(os.path.join(exp_dir, "summary.json"), summary)
-    # only now: a second Ctrl-C during the teardown above must still exit at once
-    signals.restore()
-    if status == "failed":
-        raise RunFailed(str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__) from error
-    return summary
-
-
-def _summary(cfg: Config, rank: RankInfo, loop: TrainingLoop, status: str, wall: float) -> dict:
-    """``summary.json``: the run's figures (those of policy 0 at the top level) and ``policies``, keyed by
-    policy id, each with its return, episode length, train steps, policy version and lag."""
-    c, gs = loop.c, loop.global_stats
-    run_frames = (c.env_steps - loop.start_steps) * cfg.env_frameskip
-    per_policy = gs.get("policies") or [{} for _ in loop.policies]
-    policies = {
-        str(p): {
-            "episode_return_mean": ps.get("return_mean"),
-            "episode_length_mean": ps.get("length_mean"),
-            "train_steps": pol.learner.train_step,
-            "policy_version": pol.learner.policy_version,
-            "policy_lag_mean": ps.get("lag_mean", pol.stats.lag[1]),
-            "best_metric": pol.stats.best_metric,
-            "hyperparameters": pol.learner.hyperparameters(),
-            "empty_batches": ps.get("empty_batches", pol.empty_batches),
-        }
-        for p, (pol, ps) in enumerate(zip(loop.policies, per_policy))
-    }
-    lag = loop.policies[0].stats.lag
-    return {
-        "status": status,
-        "env": cfg.env,
-        "experiment": cfg.experiment,
-        "msf_version": msf.__version__,
-        "env_steps": c.env_steps,
-        "env_frames": c.env_steps * cfg.env_frameskip,
-        "wall_seconds": wall,
-        "fps": run_frames / max(wall, 1e-9),
-        "train_steps": loop.learner.train_step,
-        "policy_version": loop.learner.policy_version,
-        "episodes": c.episodes,
-        "episode_return_mean": gs.get("return_mean"),
-        "episode_length_mean": gs.get("length_mean"),
-        "policy_lag_mean": gs.get("lag_mean", lag[1]),
-        "policy_lag_max": gs.get("lag_max", lag[2]),
-        "dropped_trajectories": c.dropped_trajectories,
-        "world_size": rank.world_size,
-        "nproc_per_node": rank.nproc_per_node,
-        "nnodes": rank.nnodes,
-        "fps_per_rank": gs.get("fps_per_rank"),
-        "seed": cfg.seed,
-        "num_policies": cfg.num_policies,
-        "policies": policies,
-        "pbt_replacements": loop.pbt_replacements,
-    }
+    return status, error

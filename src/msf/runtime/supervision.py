@@ -13,6 +13,7 @@ import os
 import signal
 import traceback
 from dataclasses import dataclass
+from multiprocessing.queues import Queue
 from typing import Any, Callable
 
 import torch.multiprocessing as mp
@@ -30,7 +31,7 @@ class ComponentFailure:
     traceback: str
 
 
-def _child_main(target: Callable[..., None], name: str, failures: Any, log_level: int, args: tuple) -> None:
+def _child_main(target: Callable[..., None], name: str, failures: Queue, log_level: int, args: tuple) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=log_level, format=f"[%(asctime)s][{name}][pid {os.getpid()}] %(message)s")
     try:
@@ -46,8 +47,12 @@ def _child_main(target: Callable[..., None], name: str, failures: Any, log_level
             os._exit(1)
 
 
-def spawn(target: Callable[..., None], name: str, failures: Any, *args: Any) -> mp.Process:
-    """Start ``target(*args)`` in a new process named ``name`` and return it (already started)."""
+def spawn(target: Callable[..., None], name: str, failures: Queue, *args: Any) -> mp.Process:
+    """Start ``target(*args)`` in a new process named ``name`` and return it (already started).
+
+    ``args`` are pickled once, as the process starts (so queues, pipes and shared tensors may be among them,
+    at any depth); ``failures`` (a queue of ``CTX``) receives a :class:`ComponentFailure` if ``target``
+    raises."""
     p = CTX.Process(
         target=_child_main, args=(target, name, failures, log.getEffectiveLevel(), args), name=name, daemon=True
     )
@@ -88,9 +93,10 @@ def use_quiet_executable() -> None:
     _QUIET.append(path)
 
 
-def parent_alive(parent_pid: int) -> bool:
-    """True while the process that started us is still our parent."""
-    return os.getppid() == parent_pid
+def parent_alive(parent_pid: int | None) -> bool:
+    """True while the process that started us is still our parent (``parent_pid`` None: there is no parent
+    to watch, a component driven in the main process: always True)."""
+    return parent_pid is None or os.getppid() == parent_pid
 
 
 class ChildDied(RuntimeError):

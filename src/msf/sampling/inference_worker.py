@@ -13,20 +13,15 @@ from __future__ import annotations
 
 import logging
 import time
-from multiprocessing.connection import Connection, wait
-from typing import Any
+from multiprocessing.connection import wait
 
 import numpy as np
 import torch
 
-from msf.cfg.config import Config, Derived
-from msf.envs.registry import EnvSpaces
 from msf.model.actor_critic import ActorCritic
 from msf.runtime.affinity import INFERENCE_NICENESS, raise_niceness
 from msf.runtime.supervision import parent_alive
-from msf.sampling.messages import InferenceCounters
-from msf.sampling.published_weights import PublishedWeights
-from msf.sampling.trajectory_buffer import TrajectoryBuffer
+from msf.sampling.protocol import InferenceWorkerSpec
 
 log = logging.getLogger("msf")
 
@@ -34,34 +29,21 @@ log = logging.getLogger("msf")
 class InferenceWorker:
     """One inference worker (see module docstring).
 
+    Driven by :meth:`run` in its own process (pipes from its rollout workers), or from outside, in one
+    process: :meth:`serve` a list of requests, then tell the rollout workers (see
+    ``tests/unit/test_serial_core.py``).
+
     Args:
-        policy: the policy it serves: it acts for the rows whose trajectory is this policy's
-            (``buffer.slot_policy``), and leaves the others of a split to their policies' workers.
-        conns: ``{rollout worker index: pipe end}`` of the rollout workers it serves.
-        weights: the learner's published weights. device: torch device of the forward pass.
-        stats: the shared counters this worker adds to: (batches, samples, seconds spent
-            waiting for requests), for the summaries.
+        spec: what the worker is given (see :class:`~msf.sampling.protocol.InferenceWorkerSpec`).
     """
 
-    def __init__(
-        self,
-        cfg: Config,
-        derived: Derived,
-        spaces: EnvSpaces,
-        buffer: TrajectoryBuffer,
-        policy: int,
-        conns: dict[int, Connection],
-        weights: PublishedWeights,
-        device: str,
-        stop_event: Any,
-        parent_pid: int,
-        stats: InferenceCounters,
-    ):
-        self.cfg, self.conns, self.weights, self.stop_event = cfg, conns, weights, stop_event
-        self.policy = policy
+    def __init__(self, spec: InferenceWorkerSpec):
+        cfg, derived, spaces, buffer = spec.cfg, spec.derived, spec.spaces, spec.buffer
+        self.cfg, self.conns, self.weights, self.stop_event = cfg, dict(spec.conns), spec.weights, spec.stop_event
+        self.policy = spec.policy
         self.slot_policy = buffer.slot_policy.numpy() if cfg.num_policies > 1 else None
-        self.parent_pid, self.stats = parent_pid, stats
-        self.device = torch.device(device)
+        self.parent_pid, self.stats = spec.parent_pid, spec.counters
+        self.device = torch.device(spec.device)
         self.eps = derived.agents_per_split
         self.T = cfg.rollout
         self.obs_flat = buffer.obs.view(-1, *spaces.obs_shape)
@@ -73,11 +55,26 @@ class InferenceWorker:
         self.cursors = buffer.cursors.numpy()
         self.model = ActorCritic(cfg, spaces).to(self.device).eval()
         self.version = -1
-        self.worker_of = {c: w for w, c in conns.items()}
+        self.worker_of = {c: w for w, c in self.conns.items()}
 
     def _refresh_weights(self) -> None:
         if self.weights.version != self.version:
             self.version = self.weights.load_into(self.model)
+
+    def serve(self, requests: list[tuple[int, int]]) -> None:
+        """Load the newest published weights if their version moved, then act for ``requests``.
+
+        Args:
+            requests: ``(rollout worker, split)`` pairs. For every row of those splits whose slot is this
+                worker's policy's, at its cursor ``(slot, t)``: the action, its log-probability, the value
+                and this worker's weights' version at ``[slot, t]``, and the core's next state at
+                ``rnn_states[slot, t + 1]``. Nothing else in the buffer is written.
+
+        Raises:
+            TimeoutError: the published weights stayed torn (see :meth:`PublishedWeights.load_into`).
+        """
+        self._refresh_weights()
+        self._serve(requests)
 
     @torch.inference_mode()
     def _serve(self, requests: list[tuple[int, int]]) -> None:
@@ -118,8 +115,7 @@ class InferenceWorker:
                     if self.stop_event.is_set():
                         return
                     raise RuntimeError(f"rollout worker {w} closed its pipe") from None
-            self._refresh_weights()
-            self._serve(requests)
+            self.serve(requests)
             # one message per rollout worker, listing its splits: fewer writes, fewer wake-ups
             replies: dict[int, list[int]] = {}
             for w, s in requests:
@@ -128,9 +124,9 @@ class InferenceWorker:
                 self.conns[w].send_bytes(bytes(splits))
 
 
-def inference_worker_main(*args: Any) -> None:
-    """Process entry point (see :class:`InferenceWorker` for the arguments)."""
+def inference_worker_main(spec: InferenceWorkerSpec) -> None:
+    """Process entry point: run an :class:`InferenceWorker` of ``spec``."""
     torch.set_num_threads(1)
-    if args[0].num_workers > 1:
-        log.info("inference worker of policy %d runs at niceness %d", args[4], raise_niceness(INFERENCE_NICENESS))
-    InferenceWorker(*args).run()
+    if spec.cfg.num_workers > 1:
+        log.info("inference worker of policy %d runs at niceness %d", spec.policy, raise_niceness(INFERENCE_NICENESS))
+    InferenceWorker(spec).run()

@@ -4,6 +4,19 @@ A copy of the model's ``state_dict`` (parameters and normaliser buffers) in shar
 memory, guarded by a sequence counter (a seqlock): the learner makes the counter odd,
 copies, then makes it even again; a reader copies when the counter is even and keeps the
 copy only if the counter did not move meanwhile. Neither side ever blocks the other.
+
+Memory ordering: this is correct on x86-64 only because of its total store order: stores become visible
+to other cores in program order (the odd counter before the data, the data before the even counter) and
+loads are not reordered with other loads (the reader's first counter read before the data, the data before
+its second counter read). The 8-byte counter and version are aligned, so each read and write is atomic.
+On a weakly ordered CPU (ARM: Grace, Graviton, Apple silicon) either side may be reordered and a reader
+could keep a torn copy; it would need a store-store (release) fence in :meth:`PublishedWeights.publish`
+after making the counter odd and again between the data copy and the final bump, and load-load (acquire)
+fences in :meth:`PublishedWeights.load_into` after the first counter read and before the second: C++'s
+``std::atomic_thread_fence(std::memory_order_release / acquire)``, ``dmb ish`` on ARM. Neither torch
+nor numpy offers a fence in Python: it would take a few lines of C++ (a torch C++ extension or a ctypes
+library calling ``__atomic_thread_fence``), or an uncontended lock (``multiprocessing.Lock``, whose
+atomic instructions are full barriers) taken around the counter accesses on both sides.
 """
 
 from __future__ import annotations
@@ -34,12 +47,15 @@ class PublishedWeights:
 
     @torch.no_grad()
     def publish(self, model: nn.Module, version: int) -> None:
-        """Copy ``model``'s state in, tagged with ``version`` (learner side)."""
-        self.header[0] += 1
+        """Copy ``model``'s state in, tagged with ``version`` (learner side).
+
+        The copy is blocking (``non_blocking=False``): a CUDA tensor's bytes have arrived before the counter
+        is made even again. (x86 store order: see the module docstring.)"""
+        self.header[0] += 1  # odd: readers that start now wait, readers already copying will retry
         for dst, src in zip(self.tensors, model.state_dict().values()):
             dst.copy_(src, non_blocking=False)
         self.header[1] = version
-        self.header[0] += 1
+        self.header[0] += 1  # on ARM a release fence is needed before this store (module docstring)
 
     @torch.no_grad()
     def load_into(self, model: nn.Module, timeout_s: float = 10.0) -> int:
@@ -56,6 +72,8 @@ class PublishedWeights:
                 version = int(self.header[1])
                 for dst, src in zip(state, self.tensors):
                     dst.copy_(src)
+                # unchanged counter: no publication began or ended while we copied (x86 load order; on ARM
+                # an acquire fence is needed before this load, see the module docstring)
                 if int(self.header[0]) == seq:
                     return version
             if time.monotonic() > deadline:

@@ -12,18 +12,18 @@ import collections
 import logging
 import queue
 import time
-from multiprocessing.connection import Connection, wait
-from typing import Any
+from multiprocessing.connection import wait
+from typing import Callable
 
 import numpy as np
 import torch
 
-from msf.cfg.config import Config, Derived
+from msf.cfg.config import Config
 from msf.envs.vector import make_split
 from msf.runtime.affinity import ROLLOUT_NICENESS, pin_this_process, raise_niceness
 from msf.runtime.supervision import parent_alive
-from msf.sampling.messages import EpisodeStats, FullTrajectories, RolloutCounters
-from msf.sampling.trajectory_buffer import TrajectoryBuffer
+from msf.sampling.messages import EpisodeStats, FullTrajectories
+from msf.sampling.protocol import EnvSplit, RolloutWorkerSpec
 
 log = logging.getLogger("msf")
 
@@ -32,45 +32,39 @@ ACTION_TIMEOUT_S = 120.0
 STATS_PERIOD_S = 0.25
 
 
-class _Stop(Exception):
-    """The run is stopping (stop event set or parent gone)."""
+class Stopped(Exception):
+    """The run is stopping (stop event set or parent gone) while the worker waited for a free slot:
+    :meth:`RolloutWorker.run` returns on it; a step driven from outside raises it."""
 
 
 class RolloutWorker:
-    """State of one rollout worker (see module docstring).
+    """State of one rollout worker (see module docstring), and its steps.
+
+    Driven by :meth:`run` in its own process (pipes to the inference workers), or step by step from
+    outside, in one process: :meth:`start`, then :meth:`on_reply` for each answer an inference worker
+    gave (see ``tests/unit/test_serial_core.py``). In one process, return slots (``free_queue``) before
+    a step that needs them: a step that finds no free slot waits on ``free_queue`` until ``stop_event``.
 
     Args:
-        cfg, derived: the run's configuration.
-        index: worker index ``w`` in ``[0, num_workers)``.
-        buffer: the device group's trajectory buffer.
-        conns: this worker's pipe ends, one per policy, to the inference worker of that policy that
-            serves it.
-        full_queue: where finished trajectories are announced (:class:`FullTrajectories`).
-        free_queue: where the learner returns this worker's slots once copied out.
-        stats_queue: where finished episodes are reported (:class:`EpisodeStats`).
-        stop_event: set by the main process to stop.
-        wait_seconds: the shared counter this worker adds its waiting time to (seconds
-            blocked on actions or on a free slot), for the summaries' share of time spent waiting.
+        spec: what the worker is given (see :class:`~msf.sampling.protocol.RolloutWorkerSpec`).
+        make_split: builds the env split of ``(cfg, worker index, global env indices, seed)`` (see
+            :class:`~msf.sampling.protocol.EnvSplit`); tests inject fakes here.
+        send_request: ``(policy, split)``: ask that policy's inference worker for the split's actions.
+            None: one byte on ``spec.conns[policy]``.
     """
 
     def __init__(
         self,
-        cfg: Config,
-        derived: Derived,
-        index: int,
-        buffer: TrajectoryBuffer,
-        conns: list[Connection],
-        full_queue: Any,
-        free_queue: Any,
-        stats_queue: Any,
-        stop_event: Any,
-        parent_pid: int,
-        wait_seconds: RolloutCounters,
+        spec: RolloutWorkerSpec,
+        make_split: Callable[[Config, int, list[int], int], EnvSplit] = make_split,
+        send_request: Callable[[int, int], None] | None = None,
     ):
-        self.cfg, self.index, self.conns = cfg, index, conns
-        self.wait_seconds = wait_seconds
-        self.full_queue, self.free_queue, self.stats_queue = full_queue, free_queue, stats_queue
-        self.stop_event, self.parent_pid = stop_event, parent_pid
+        cfg, derived, index, buffer = spec.cfg, spec.derived, spec.index, spec.buffer
+        self.cfg, self.index, self.conns = cfg, index, list(spec.conns)
+        self.counters = spec.counters
+        self.full_queue, self.free_queue, self.stats_queue = spec.full_queue, spec.free_queue, spec.stats_queue
+        self.stop_event, self.parent_pid = spec.stop_event, spec.parent_pid
+        self.send_request = self._send_on_pipe if send_request is None else send_request
         self.T = cfg.rollout
         # rows: one per agent of each env (env e's agents are rows e * A .. e * A + A - 1)
         self.E = cfg.num_envs_per_worker * derived.num_agents
@@ -116,12 +110,12 @@ class RolloutWorker:
                     self.free_slots.extend(self.free_queue.get(timeout=0.5).slots)
                 except queue.Empty:
                     self._check_stop()
-            self.wait_seconds.add_wait(time.monotonic() - t0)
+            self.counters.add_wait(time.monotonic() - t0)
         return self.free_slots.popleft()
 
     def _check_stop(self) -> None:
         if self.stop_event.is_set() or not parent_alive(self.parent_pid):
-            raise _Stop
+            raise Stopped
 
     def _draw_policies(self, rows: np.ndarray) -> None:
         """New policies for ``rows`` (whole envs' rows): one per agent with ``pbt_mix_policies_in_one_env``,
@@ -135,7 +129,13 @@ class RolloutWorker:
             drawn = dict(zip(envs.tolist(), self.rng.integers(self.P, size=len(envs)).tolist()))
             self.row_policy[rows] = [drawn[r // self.A] for r in rows.tolist()]
 
-    def _reset_all(self) -> None:
+    def start(self) -> None:
+        """Draw every row's policy, reset every env (seeded), give every row a slot with its first
+        observation at step 0 (and a zero core state), and request actions for every split.
+
+        Raises:
+            Stopped: the stop event was set while waiting for a free slot.
+        """
         self._draw_policies(np.arange(self.E))
         for split, envs in enumerate(self.splits):
             for i, obs in enumerate(envs.reset()):
@@ -146,8 +146,40 @@ class RolloutWorker:
                 self.obs[slot, 0] = obs
                 if self.rnn_states is not None:
                     self.rnn_states[slot, 0] = 0.0
+        for split in range(self.cfg.worker_num_splits):
+            self.request(split)
 
-    def _step_split(self, split: int) -> None:
+    def on_reply(self, split: int) -> bool:
+        """One policy's inference worker has written the actions of ``split``'s rows: once every policy of
+        the split has, step it (:meth:`step_split`) and request its next actions (:meth:`request`).
+
+        Returns:
+            True when the split was stepped.
+
+        Raises:
+            Stopped: see :meth:`step_split`.
+        """
+        self.waiting[split] -= 1
+        if self.waiting[split]:
+            return False
+        self.step_split(split)
+        self.request(split)
+        return True
+
+    def step_split(self, split: int) -> None:
+        """Step the envs of ``split`` with the actions at their cursors, and write what they returned.
+
+        For each row at cursor ``(slot, t)``: reward, done and time-out at ``[slot, t]``, the next observation
+        at ``obs[slot, t + 1]`` (a zero core state there after an episode end); the cursor moves to ``t + 1``.
+        A row that reached ``t = T`` (rollout) is announced on ``full_queue`` (one message per step for all
+        such rows), redraws its policy if its env's episode ended during the trajectory (several policies),
+        and moves to ``(new slot, 0)``, where it starts with the bootstrap row ``obs[slot, T]`` and the core
+        state ``rnn_states[slot, T]`` (zeros if the row's policy changed). Finished episodes are kept for
+        :meth:`report_stats`.
+
+        Raises:
+            Stopped: the stop event was set while waiting for a free slot.
+        """
         lo, hi = split * self.eps, (split + 1) * self.eps
         cur = self.cursors[lo:hi]
         slots, ts = cur[:, 0].copy(), cur[:, 1].copy()
@@ -197,16 +229,23 @@ class RolloutWorker:
                 slots[i], ts[i] = new, 0
         cur[:, 0], cur[:, 1] = slots, ts
 
-    def _request(self, split: int) -> None:
-        """Ask the inference worker of every policy that drives a row of ``split`` for its actions."""
+    def request(self, split: int) -> None:
+        """Ask the inference worker of every policy that drives a row of ``split`` for its actions
+        (``send_request``); :meth:`on_reply` steps the split once all of them have answered."""
         lo, hi = split * self.eps, (split + 1) * self.eps
-        policies = np.unique(self.row_policy[lo:hi]) if self.P > 1 else (0,)
+        policies = np.unique(self.row_policy[lo:hi]).tolist() if self.P > 1 else (0,)
         self.waiting[split] = len(policies)
         for p in policies:
-            self.conns[p].send_bytes(bytes([split]))
+            self.send_request(p, split)
 
-    def _report_stats(self, now: float) -> None:
-        if self.done_returns and now - self.last_stats > STATS_PERIOD_S:
+    def _send_on_pipe(self, policy: int, split: int) -> None:
+        self.conns[policy].send_bytes(bytes([split]))
+
+    def report_stats(self, now: float, period_s: float = STATS_PERIOD_S) -> None:
+        """Put the episodes finished since the last report on ``stats_queue`` as one :class:`EpisodeStats`,
+        if any finished and the last report is more than ``period_s`` seconds older than ``now``
+        (``time.monotonic()`` seconds)."""
+        if self.done_returns and now - self.last_stats > period_s:
             self.stats_queue.put(EpisodeStats(self.index, self.done_returns, self.done_lengths, self.done_policies))
             self.done_returns, self.done_lengths, self.done_policies = [], [], []
             self.last_stats = now
@@ -214,14 +253,12 @@ class RolloutWorker:
     def run(self) -> None:
         """Sample until the stop event is set or the parent process is gone."""
         try:
-            self._reset_all()
-            for split in range(self.cfg.worker_num_splits):
-                self._request(split)
+            self.start()
             last_reply = time.monotonic()
             while True:
                 t0 = time.monotonic()
                 ready = wait(self.conns, timeout=0.5)
-                self.wait_seconds.add_wait(time.monotonic() - t0)
+                self.counters.add_wait(time.monotonic() - t0)
                 if not ready:
                     self._check_stop()
                     if time.monotonic() - last_reply > ACTION_TIMEOUT_S:
@@ -230,28 +267,29 @@ class RolloutWorker:
                 for conn in ready:
                     while conn.poll():
                         for split in conn.recv_bytes():
-                            self.waiting[split] -= 1
-                            if self.waiting[split] == 0:  # every policy of the split has answered
-                                self._step_split(split)
-                                self._request(split)
+                            self.on_reply(split)
                 now = last_reply = time.monotonic()
-                self._report_stats(now)
+                self.report_stats(now)
                 if self.stop_event.is_set():
                     return
-        except _Stop:
+        except Stopped:
             return
         finally:
-            for envs in self.splits:
-                envs.close()
+            self.close()
+
+    def close(self) -> None:
+        """Close every env."""
+        for envs in self.splits:
+            envs.close()
 
 
-def rollout_worker_main(cores: list[int] | None, *args: Any) -> None:
-    """Process entry point: pin this process to ``cores`` (None: leave it floating), then run a
-    :class:`RolloutWorker` with ``args``."""
-    pinned = pin_this_process(cores)
+def rollout_worker_main(spec: RolloutWorkerSpec) -> None:
+    """Process entry point: pin this process to ``spec.cores`` (None: leave it floating), then run a
+    :class:`RolloutWorker` of ``spec``."""
+    pinned = pin_this_process(spec.cores)
     if pinned is not None:
-        log.info("rollout worker %d uses CPU cores %s", args[2], pinned)
-    if args[0].num_workers > 1:  # the envs it starts (ViZDoom's engine processes) inherit the niceness
-        log.info("rollout worker %d runs at niceness %d", args[2], raise_niceness(ROLLOUT_NICENESS))
+        log.info("rollout worker %d uses CPU cores %s", spec.index, pinned)
+    if spec.cfg.num_workers > 1:  # the envs it starts (ViZDoom's engine processes) inherit the niceness
+        log.info("rollout worker %d runs at niceness %d", spec.index, raise_niceness(ROLLOUT_NICENESS))
     torch.set_num_threads(1)
-    RolloutWorker(*args).run()
+    RolloutWorker(spec).run()

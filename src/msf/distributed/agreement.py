@@ -1,0 +1,127 @@
+"""The per-iteration agreement of the replicas: one all-reduce of one float64 vector.
+
+Each rank packs what it proposes (a :class:`Proposal`: flags and the counts it gathered since the last
+agreement) into a vector; the vectors are summed over ranks, and every rank unpacks the same
+:class:`Decision`. So every rank takes the same control-flow decision (stop, write summaries, save, which
+policies train) from the same numbers, and none is left waiting in a collective for a peer that has gone
+(invariant 3 of the design). With one rank the all-reduce is a no-op and the code path is the same.
+
+Layout of the vector (``[8 + P]`` float64, ``P`` policies): stop, failed, summary_due, save_due,
+time_spent, env_steps, episodes, dropped_trajectories, then one entry per policy: has a batch for it.
+Counts travel as float64, exact up to 2**53.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from msf.distributed.collectives import Collectives
+
+# the scalar fields, in vector order (then one entry per policy)
+_SCALARS = (
+    "stop",
+    "failed",
+    "summary_due",
+    "save_due",
+    "time_spent",
+    "env_steps",
+    "episodes",
+    "dropped_trajectories",
+)
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """What this rank proposes at one agreement.
+
+    Attributes:
+        stop: a stop was requested here (a signal, a stop request).
+        failed: a child of this rank failed.
+        summary_due, save_due: rank 0's clock says summaries / a checkpoint are due (other ranks: False).
+        time_spent: this rank's clock says ``--train_for_seconds`` is spent.
+        env_steps, episodes, dropped_trajectories: counted here since the last agreement (agent steps taken
+            out of the buffer, finished episodes, trajectories dropped as too old).
+        has_batch: per policy, whether this rank holds a batch for it.
+    """
+
+    stop: bool = False
+    failed: bool = False
+    summary_due: bool = False
+    save_due: bool = False
+    time_spent: bool = False
+    env_steps: int = 0
+    episodes: int = 0
+    dropped_trajectories: int = 0
+    has_batch: tuple[bool, ...] = ()
+
+    def pack(self) -> torch.Tensor:
+        """``[8 + P]`` float64, in the layout of the module docstring."""
+        return _pack(self)
+
+    @classmethod
+    def unpack(cls, v: torch.Tensor) -> "Proposal":
+        """The proposal that :meth:`pack` made ``v`` from.
+
+        Raises:
+            ValueError: ``v`` is not a vector of at least 8 entries.
+        """
+        scalars, per_policy = _split(v)
+        flags = {k: bool(x) for k, x in zip(_SCALARS[:5], scalars[:5])}
+        counts = {k: int(x) for k, x in zip(_SCALARS[5:], scalars[5:])}
+        return cls(**flags, **counts, has_batch=tuple(bool(x) for x in per_policy))
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The sum of every rank's :class:`Proposal`, field by field: the same on every rank.
+
+    Attributes:
+        stop, failed, summary_due, save_due, time_spent: how many ranks proposed each (act on ``> 0``).
+        env_steps, episodes, dropped_trajectories: the global counts since the last agreement.
+        has_batch: per policy, how many ranks hold a batch for it (every rank trains the policies with ``> 0``;
+            one without a batch brings an all-masked one).
+    """
+
+    stop: int = 0
+    failed: int = 0
+    summary_due: int = 0
+    save_due: int = 0
+    time_spent: int = 0
+    env_steps: int = 0
+    episodes: int = 0
+    dropped_trajectories: int = 0
+    has_batch: tuple[int, ...] = ()
+
+    def pack(self) -> torch.Tensor:
+        """``[8 + P]`` float64, in the layout of the module docstring."""
+        return _pack(self)
+
+    @classmethod
+    def unpack(cls, v: torch.Tensor) -> "Decision":
+        """The decision held in a summed vector ``v`` (see :meth:`pack`).
+
+        Raises:
+            ValueError: ``v`` is not a vector of at least 8 entries.
+        """
+        scalars, per_policy = _split(v)
+        return cls(**{k: int(x) for k, x in zip(_SCALARS, scalars)}, has_batch=tuple(int(x) for x in per_policy))
+
+
+def _pack(record: Proposal | Decision) -> torch.Tensor:
+    values = [float(getattr(record, k)) for k in _SCALARS] + [float(h) for h in record.has_batch]
+    return torch.tensor(values, dtype=torch.float64)
+
+
+def _split(v: torch.Tensor) -> tuple[list[float], list[float]]:
+    if v.dim() != 1 or v.numel() < len(_SCALARS):
+        raise ValueError(f"an agreement vector has {len(_SCALARS)} + P entries, got shape {tuple(v.shape)}")
+    values = v.tolist()
+    return values[: len(_SCALARS)], values[len(_SCALARS) :]
+
+
+def agree(proposal: Proposal, collectives: Collectives) -> Decision:
+    """Collective (every rank of ``collectives`` calls it with a proposal of the same number of policies):
+    the sum of all ranks' proposals."""
+    return Decision.unpack(collectives.all_reduce_sum_(proposal.pack()))

@@ -1,0 +1,344 @@
+"""What the device group reports: rates, waiting shares, TensorBoard points, the status line, ``summary.json``.
+
+Every rank measures its own figures; at a summary (agreed by all ranks, so a collective) they are gathered,
+and rank 0 writes them. The reporter owns its windows: the "10 s" FPS (:class:`RecentRate`) and the span
+over which waiting shares are measured (from one summary to the next), so nothing else that gathers
+statistics (a PBT round) moves them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+import msf
+from msf.cfg.config import Config, Derived
+from msf.distributed.collectives import Collectives
+from msf.distributed.rank_stats import RankStats, gather_episode_means, gather_rank_stats
+from msf.distributed.topology import RankInfo
+from msf.learning.learner import Learner
+from msf.persistence.summaries import Progress, RecentRate, TensorBoardSummaries
+from msf.persistence.train_state import TrainState
+from msf.runtime.affinity import auto_learner_threads, usable_cores
+from msf.sampling.messages import InferenceCounters, RolloutCounters
+
+log = logging.getLogger("msf")
+
+_STAGES = ("rollout", "inference", "learner")
+
+
+@dataclass
+class PolicyReport:
+    """What the loop measured of one policy on this replica: the policy lag of its last batch (versions:
+    min, mean, max), its last training iteration's statistics, and the iterations it joined the policy's
+    collectives with no experience."""
+
+    lag: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    train: dict[str, float] = field(default_factory=dict)
+    empty_batches: int = 0
+
+
+class Reporter:
+    """The device group's reports (see the module docstring).
+
+    Args:
+        cfg, derived: the run's config. rank: this device group's rank. state: the run's counters.
+        learners: per policy, its learner. rollout_wait, inference_stats: the shared counters of this
+            group's rollout and inference workers. tb: rank 0's TensorBoard writer (None elsewhere).
+        world: the collectives over all ranks. start_time: the run's start (on ``clock``). clock: seconds, monotonic.
+
+    Attributes:
+        policies: per policy, its :class:`PolicyReport` (the loop fills them in).
+        global_stats: the figures of the last summary, over all ranks (empty before the first).
+        summary_frames: the frame count of the last summary (None before the first).
+    """
+
+    def __init__(
+        self,
+        cfg: Config,
+        derived: Derived,
+        rank: RankInfo,
+        state: TrainState,
+        learners: Sequence[Learner],
+        rollout_wait: Sequence[RolloutCounters],
+        inference_stats: Sequence[InferenceCounters],
+        tb: TensorBoardSummaries | None,
+        world: Collectives,
+        start_time: float,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.cfg, self.derived, self.rank, self.state, self.learners = cfg, derived, rank, state, learners
+        self.rollout_wait, self.inference_stats, self.tb, self.world = rollout_wait, inference_stats, tb, world
+        self.clock = clock
+        self.policies = [PolicyReport() for _ in learners]
+        self.start_time, self.start_steps = start_time, state.env_steps
+        self.local_steps = 0  # this replica's, for its own FPS
+        self.learner_wait = 0.0  # seconds the loop spent without a batch to train on
+        self.recent_steps = RecentRate(start_time, state.env_steps)
+        self.wait_mark = (start_time, *self._wait_totals())
+        self.local_waits = [0.0, 0.0, 0.0]
+        self.global_stats: dict[str, Any] = {}
+        self.summary_frames: int | None = None
+        self.threads_tuned = cfg.learner_threads > 0  # a given number is kept
+        self.progress = Progress(cfg.train_for_env_steps, cfg.with_progress_bar and rank.is_main, initial=self.frames)
+
+    @property
+    def frames(self) -> int:
+        """Global env steps in the unit of the budget and the curves (frames with summaries_use_frameskip)."""
+        return self.state.env_steps * self.derived.frameskip
+
+    # --- measuring ------------------------------------------------------------------------------
+    def note_steps(self) -> None:
+        """The global count changed (after an agreement): a point of the "10 s" FPS."""
+        self.recent_steps.note(self.clock(), self.state.env_steps)
+
+    def fps(self) -> tuple[float, float]:
+        """(global frames per second over the last ~10 s, since the start of this run)."""
+        now = self.clock()
+        fs = self.derived.frameskip
+        recent = self.recent_steps.rate(now, self.state.env_steps) * fs
+        total = (self.state.env_steps - self.start_steps) * fs / max(now - self.start_time, 1e-9)
+        return recent, total
+
+    def local_fps(self) -> float:
+        """This replica's frames per second since the start of this run."""
+        return self.local_steps * self.derived.frameskip / max(self.clock() - self.start_time, 1e-9)
+
+    def return_mean(self, policy: int = 0) -> float | None:
+        """Mean return of the last ``stats_avg`` episodes of every replica (as of the last summary)."""
+        ps = self.global_stats.get("policies")
+        return ps[policy]["return_mean"] if ps else None
+
+    def _wait_totals(self) -> tuple[float, float, float]:
+        """Seconds spent waiting so far, summed over this group's rollout workers, inference workers, learner."""
+        return (
+            sum(c.wait_seconds for c in self.rollout_wait),
+            sum(c.wait_seconds for c in self.inference_stats),
+            self.learner_wait,
+        )
+
+    def _wait_shares(self) -> list[float]:
+        """Share of the time since the last summary that each stage (rollout, inference, learner) spent
+        waiting, averaged over its processes: rollout workers wait for actions or a free slot, inference
+        workers for observations, the learner for trajectories. Starts the next window."""
+        now, totals = self.clock(), self._wait_totals()
+        t0, *before = self.wait_mark
+        self.wait_mark = (now, *totals)
+        dt = max(now - t0, 1e-9)
+        counts = (max(len(self.rollout_wait), 1), max(len(self.inference_stats), 1), 1)
+        return [min(1.0, (a - b) / (dt * n)) for a, b, n in zip(totals, before, counts)]
+
+    def show_progress(self) -> None:
+        """Rank 0 moves the progress bar (a terminal only)."""
+        if self.rank.is_main:
+            rm = self.return_mean()
+            self.progress.update(
+                self.frames,
+                {
+                    "fps": f"{self.fps()[1]:.0f}",
+                    "return": "n/a" if rm is None else f"{rm:.1f}",
+                    "lag": f"{self.policies[0].lag[1]:.1f}",
+                },
+            )
+
+    # --- summaries ------------------------------------------------------------------------------
+    def _gather(self) -> None:
+        """Collective: every policy's episode statistics, FPS, policy lag and waiting shares of every replica."""
+        self.local_waits = self._wait_shares()
+        episodes = gather_episode_means(
+            [ps.returns for ps in self.state.policies],
+            [ps.lengths for ps in self.state.policies],
+            self.cfg.stats_avg,
+            self.world,
+        )
+        mine = RankStats(
+            self.local_fps(),
+            tuple(self.local_waits),
+            tuple(pr.lag for pr in self.policies),
+            tuple(pr.empty_batches for pr in self.policies),
+        )
+        ranks = gather_rank_stats(mine, self.world)
+        policies = []
+        for p, (return_mean, length_mean) in enumerate(episodes):
+            lag = torch.tensor([r.lag[p] for r in ranks], dtype=torch.float64)  # [ranks, (min, mean, max)]
+            policies.append(
+                {
+                    "return_mean": return_mean,
+                    "length_mean": length_mean,
+                    "lag_per_rank": lag.tolist(),
+                    "lag_mean": float(lag[:, 1].mean()),
+                    "lag_max": float(lag[:, 2].max()),
+                    "empty_batches": sum(r.empty_batches[p] for r in ranks),
+                }
+            )
+        self.global_stats = {
+            **{k: policies[0][k] for k in ("return_mean", "length_mean", "lag_per_rank", "lag_mean", "lag_max")},
+            "policies": policies,
+            "fps_per_rank": [r.fps for r in ranks],
+            # rollout, inference, learner; mean over ranks
+            "wait_shares": torch.tensor([r.wait_shares for r in ranks], dtype=torch.float64).mean(0).tolist(),
+        }
+
+    def summaries(self) -> None:
+        """Collective (every rank at the same agreement): gather the statistics, tune the learner's threads
+        once; rank 0 writes TensorBoard's points at the current frame count and the status line."""
+        self.summary_frames = self.frames
+        self._gather()
+        self._tune_learner_threads()
+        if not self.rank.is_main:
+            return
+        recent, total = self.fps()
+        self.tb.add(self._scalars(recent, total), self.frames)
+        self._log_status(recent, total)
+
+    def _scalars(self, recent: float, total: float) -> dict[str, float | None]:
+        gs = self.global_stats
+        inf = [c.samples / max(c.batches, 1.0) for c in self.inference_stats]
+        scalars = {
+            "perf/fps": recent,
+            "perf/fps_since_start": total,
+            "perf/dropped_trajectories": self.state.dropped_trajectories,
+            **{f"perf/wait_share_{k}": v for k, v in zip(_STAGES, gs["wait_shares"])},
+            "perf/inference_batch_size": float(np.mean(inf)) if inf else None,
+        }
+        for p, (learner, pr, ps) in enumerate(zip(self.learners, self.policies, gs["policies"])):
+            pre = "" if p == 0 else f"p{p}/"  # policy 0's curves keep the names of a one-policy run
+            scalars.update(
+                {
+                    f"{pre}policy_lag/mean": ps["lag_mean"],
+                    f"{pre}policy_lag/max": ps["lag_max"],
+                    f"{pre}train/policy_version": learner.policy_version,
+                    f"{pre}episode/return_mean": ps["return_mean"],
+                    f"{pre}episode/length_mean": ps["length_mean"],
+                }
+            )
+            scalars.update({f"{pre}train/{k}": v for k, v in pr.train.items()})
+            if self.cfg.with_pbt:
+                scalars.update({f"{pre}pbt/{k}": v for k, v in learner.hyperparameters().items()})
+        if self.rank.distributed:
+            for r, (fps, (lo, mean, hi)) in enumerate(zip(gs["fps_per_rank"], gs["lag_per_rank"])):
+                scalars.update(
+                    {
+                        f"perf/fps_rank{r}": fps,
+                        f"policy_lag/rank{r}_min": lo,
+                        f"policy_lag/rank{r}_mean": mean,
+                        f"policy_lag/rank{r}_max": hi,
+                    }
+                )
+        return scalars
+
+    def _log_status(self, recent: float, total: float) -> None:
+        gs = self.global_stats
+        rm = gs["return_mean"]
+        per_rank = (
+            (" | fps per rank " + " ".join(f"{f:.0f}" for f in gs["fps_per_rank"])) if self.rank.distributed else ""
+        )
+        per_policy = ""
+        if len(self.policies) > 1:
+            per_policy = " | return_mean per policy " + " ".join(
+                "n/a" if ps["return_mean"] is None else f"{ps['return_mean']:.2f}" for ps in gs["policies"]
+            )
+        log.info(
+            "frames %d | fps %.0f (10 s) %.0f (run) | return_mean %s | policy_lag mean %.1f max %.0f | "
+            "waiting: rollout %.0f%% inference %.0f%% learner %.0f%% | train_step %d | dropped %d%s%s",
+            self.frames,
+            recent,
+            total,
+            "n/a" if rm is None else f"{rm:.2f}",
+            gs["lag_mean"],
+            gs["lag_max"],
+            *(100 * v for v in gs["wait_shares"]),
+            self.learners[0].train_step,
+            self.state.dropped_trajectories,
+            per_rank,
+            per_policy,
+        )
+
+    def _tune_learner_threads(self) -> None:
+        """``--learner_threads=0``: once, at the first summary 30 s after the start, set this replica's
+        torch threads from the waiting shares measured since the summary before (:func:`retune_learner_threads`)."""
+        if self.threads_tuned or self.clock() - self.start_time < 30.0:
+            return
+        self.threads_tuned = True
+        retune_learner_threads(
+            self.local_waits, len(self.rollout_wait), len(self.inference_stats), self.rank.nproc_per_node
+        )
+
+    def close(self) -> None:
+        """Close the progress bar."""
+        self.progress.close()
+
+    # --- summary.json ---------------------------------------------------------------------------
+    def summary(self, status: str, wall: float) -> dict:
+        """``summary.json``: the run's figures (those of policy 0 at the top level) and ``policies``, keyed by
+        policy id, each with its return, episode length, train steps, policy version and lag; ``wall``: the
+        seconds the run took (its FPS is counted over them)."""
+        cfg, c, gs = self.cfg, self.state, self.global_stats
+        run_frames = (c.env_steps - self.start_steps) * cfg.env_frameskip
+        per_policy = gs.get("policies") or [{} for _ in self.policies]
+        policies = {
+            str(p): {
+                "episode_return_mean": ps.get("return_mean"),
+                "episode_length_mean": ps.get("length_mean"),
+                "train_steps": learner.train_step,
+                "policy_version": learner.policy_version,
+                "policy_lag_mean": ps.get("lag_mean", pr.lag[1]),
+                "best_metric": c.policies[p].best_metric,
+                "hyperparameters": learner.hyperparameters(),
+                "empty_batches": ps.get("empty_batches", pr.empty_batches),
+            }
+            for p, (learner, pr, ps) in enumerate(zip(self.learners, self.policies, per_policy))
+        }
+        lag, learner = self.policies[0].lag, self.learners[0]
+        return {
+            "status": status,
+            "env": cfg.env,
+            "experiment": cfg.experiment,
+            "msf_version": msf.__version__,
+            "env_steps": c.env_steps,
+            "env_frames": c.env_steps * cfg.env_frameskip,
+            "wall_seconds": wall,
+            "fps": run_frames / max(wall, 1e-9),
+            "train_steps": learner.train_step,
+            "policy_version": learner.policy_version,
+            "episodes": c.episodes,
+            "episode_return_mean": gs.get("return_mean"),
+            "episode_length_mean": gs.get("length_mean"),
+            "policy_lag_mean": gs.get("lag_mean", lag[1]),
+            "policy_lag_max": gs.get("lag_max", lag[2]),
+            "dropped_trajectories": c.dropped_trajectories,
+            "world_size": self.rank.world_size,
+            "nproc_per_node": self.rank.nproc_per_node,
+            "nnodes": self.rank.nnodes,
+            "fps_per_rank": gs.get("fps_per_rank"),
+            "seed": cfg.seed,
+            "num_policies": cfg.num_policies,
+            "policies": policies,
+            "pbt_replacements": c.pbt_replacements,
+        }
+
+
+def retune_learner_threads(waits: Sequence[float], n_rollout: int, n_inference: int, groups_per_node: int) -> None:
+    """Set this process's torch threads from the waiting shares (rollout, inference, learner; each in
+    ``[0, 1]``) of ``n_rollout`` rollout and ``n_inference`` inference workers, on this device group's share
+    of the node's usable cores (:func:`auto_learner_threads`), and log the choice."""
+    rollout_wait, inference_wait, learner_wait = waits
+    cores = len(usable_cores()) / groups_per_node
+    before = torch.get_num_threads()
+    after = auto_learner_threads(cores, n_rollout, rollout_wait, n_inference, inference_wait, learner_wait, before)
+    if after != before:
+        torch.set_num_threads(after)
+    log.info(
+        "learner: %d torch thread(s) from now on, was %d (the workers kept %.2f of %.2f cores busy, the "
+        "learner waited %.0f%% of the time; --learner_threads=N fixes the number)",
+        after,
+        before,
+        n_rollout * (1 - rollout_wait) + n_inference * (1 - inference_wait),
+        cores,
+        100 * learner_wait,
+    )

@@ -1,0 +1,155 @@
+"""The reporter's windows and points on a fake clock, a PBT round beside it, and what summary.json holds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from msf.cfg.config import Config, Derived
+from msf.distributed.collectives import Collectives, tensor_checksums
+from msf.distributed.topology import RankInfo
+from msf.envs.registry import EnvSpaces
+from msf.learning.learner import Learner
+from msf.persistence.train_state import TrainState
+from msf.runner.pbt_round import PbtRounds
+from msf.runner.reporter import Reporter
+from msf.sampling.messages import InferenceCounters, RolloutCounters
+from msf.sampling.published_weights import PublishedWeights
+
+SPACES = EnvSpaces(obs_shape=(3,), obs_dtype=np.float32, discrete=True, num_actions=2)
+CFG = Config(
+    encoder_mlp_layers=[8],
+    batch_size=8,
+    rollout=4,
+    num_workers=2,
+    num_envs_per_worker=2,
+    num_policies=2,
+    learner_threads=1,  # no retuning in the tests
+    with_pbt=True,
+    pbt_period_env_steps=1000,
+    pbt_start_mutation=0,
+    pbt_replace_reward_gap=0.0,
+    pbt_replace_reward_gap_absolute=0.0,
+)
+
+
+class Clock:
+    def __init__(self, t: float):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Points:
+    """TensorBoard's place: the points added, by step."""
+
+    def __init__(self):
+        self.points: list[tuple[int, dict]] = []
+
+    def add(self, scalars: dict, step: int) -> None:
+        self.points.append((step, dict(scalars)))
+
+
+def _setup():
+    derived = Derived.of(CFG)
+    learners = []
+    for p in range(2):
+        torch.manual_seed(p)
+        learners.append(Learner(CFG, derived, SPACES, "cpu"))
+    state = TrainState.fresh(2, CFG.stats_avg)
+    rollout, inference = [RolloutCounters(), RolloutCounters()], [InferenceCounters()]
+    clock, tb = Clock(100.0), Points()
+    rep = Reporter(CFG, derived, RankInfo(), state, learners, rollout, inference, tb, Collectives(), 100.0, clock)
+    return rep, learners, state, rollout, inference, clock, tb
+
+
+def test_waiting_shares_and_fps_are_measured_from_one_summary_to_the_next():
+    rep, _, state, rollout, inference, clock, tb = _setup()
+    clock.t = 110.0  # 10 s: each rollout worker waited 5 s, the inference worker 2.5 s, the learner 1 s
+    for c in rollout:
+        c.add_wait(5.0)
+    inference[0].add_wait(2.5)
+    rep.learner_wait += 1.0
+    state.env_steps = 2000
+    rep.note_steps()
+    rep.summaries()
+    step, s = tb.points[-1]
+    assert step == 2000
+    assert (s["perf/wait_share_rollout"], s["perf/wait_share_inference"]) == (0.5, 0.25)
+    assert s["perf/wait_share_learner"] == pytest.approx(0.1)
+    assert s["perf/fps_since_start"] == 200.0
+    clock.t = 130.0  # the next window: 20 s, in which each rollout worker waited 2 s more, nobody else
+    for c in rollout:
+        c.add_wait(2.0)
+    rep.summaries()
+    _, s = tb.points[-1]
+    assert s["perf/wait_share_rollout"] == pytest.approx(0.1)
+    assert (s["perf/wait_share_inference"], s["perf/wait_share_learner"]) == (0.0, 0.0)
+
+
+def test_a_pbt_round_between_two_summaries_leaves_the_waiting_window_alone():
+    rep, learners, state, rollout, _, clock, tb = _setup()
+    weights = [PublishedWeights(x.model) for x in learners]
+    pbt = PbtRounds(CFG, state, learners, weights, Collectives(), True, frames=0)
+    state.policies[0].returns.extend([1.0, 3.0])  # objective 2: the recipient
+    state.policies[1].returns.extend([10.0])  # objective 10: the donor
+    for c in rollout:
+        c.add_wait(4.0)
+    clock.t = 110.0
+    assert pbt.due(1000)
+    pbt.run(1000)
+    clock.t = 120.0
+    rep.summaries()
+    _, s = tb.points[-1]
+    assert s["perf/wait_share_rollout"] == pytest.approx(4.0 / 20.0)  # over the 20 s since the start
+    # and the round's record: policy 0 took policy 1's weights, bit for bit, as both checksums say
+    (rec,) = state.pbt_replacements
+    assert (rec["round"], rec["frames"], rec["recipient"], rec["donor"]) == (1, 1000, 0, 1)
+    assert (rec["recipient_objective"], rec["donor_objective"]) == (2.0, 10.0)
+    donor_sum = int(tensor_checksums(list(learners[1].model.state_dict().values())).sum())
+    assert rec["weights_checksum"] == rec["donor_weights_checksum"] == donor_sum
+    for k, v in learners[1].model.state_dict().items():
+        assert torch.equal(learners[0].model.state_dict()[k], v), k
+    assert learners[0].hyperparameters() == rec["hyperparameters"]
+
+
+def test_the_summary_holds_the_runs_figures():
+    rep, learners, state, _, _, clock, _ = _setup()
+    state.policies[0].returns.extend([4.0, 6.0])
+    state.policies[0].lengths.extend([40, 60])
+    state.env_steps, state.episodes, state.dropped_trajectories = 3000, 2, 1
+    rep.policies[1].empty_batches = 3
+    rep.summaries()
+    s = rep.summary("done", wall=10.0)
+    assert {
+        "status",
+        "env",
+        "experiment",
+        "msf_version",
+        "env_steps",
+        "env_frames",
+        "wall_seconds",
+        "fps",
+        "train_steps",
+        "policy_version",
+        "episodes",
+        "episode_return_mean",
+        "episode_length_mean",
+        "policy_lag_mean",
+        "policy_lag_max",
+        "dropped_trajectories",
+        "world_size",
+        "nproc_per_node",
+        "nnodes",
+        "fps_per_rank",
+        "seed",
+        "num_policies",
+        "policies",
+        "pbt_replacements",
+    } == s.keys()
+    assert (s["status"], s["env_steps"], s["episodes"], s["dropped_trajectories"]) == ("done", 3000, 2, 1)
+    assert s["fps"] == 300.0 and s["episode_return_mean"] == 5.0 and s["episode_length_mean"] == 50.0
+    assert set(s["policies"]) == {"0", "1"}
+    assert s["policies"]["1"]["episode_return_mean"] is None and s["policies"]["1"]["empty_batches"] == 3
