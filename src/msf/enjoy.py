@@ -26,9 +26,10 @@ import time
 import numpy as np
 import torch
 
-from msf.cfg.arguments import build_parser, integer, str2bool
-from msf.cfg.config import Config
-from msf.cfg.validation import ConfigError
+from msf.cfg.arguments import SCOPE_NOTES, build_parser, integer, str2bool
+from msf.cfg.config import FIXED_FLAGS, Config
+from msf.cfg.flags import FIXED
+from msf.cfg.validation import ConfigError, Problems
 
 DESCRIPTION = """Evaluate the policy of TRAIN_DIR/EXPERIMENT: load its latest (or best) checkpoint and its saved
 config (flags given here override it), play --max_num_episodes episodes (or --max_num_frames frames) with the
@@ -56,7 +57,10 @@ class EvalArgs:
 
 
 def build_enjoy_parser() -> argparse.ArgumentParser:
-    parser = build_parser(prog="msf-enjoy", description=DESCRIPTION)
+    """The parser of ``msf-enjoy``: every training flag (given ones override the saved config) and the
+    evaluation flags of :class:`EvalArgs`."""
+    # of the scopes, only "fixed" matters here: the others are about launching and resuming training
+    parser = build_parser(prog="msf-enjoy", description=DESCRIPTION, scope_notes={FIXED: SCOPE_NOTES[FIXED]})
     g = parser.add_argument_group(EVAL)
     g.add_argument(
         "--load_checkpoint_kind",
@@ -135,9 +139,7 @@ def _load_config(cfg: Config, given: set[str]) -> Config:
     except (OSError, ValueError, TypeError) as e:
         raise ConfigError(f"--experiment: the saved config {path} is unreadable ({e})") from None
     current = cfg.to_dict()
-    from msf.runner.experiment import FIXED_FLAGS
-
-    for k in sorted(given & set(FIXED_FLAGS)):
+    for k in sorted(given & FIXED_FLAGS):
         if saved[k] != current[k]:
             raise ConfigError(
                 f"--{k}: the experiment {cfg.experiment!r} was trained with {saved[k]!r}, not "
@@ -162,130 +164,52 @@ def _policy_actions(model, obs: np.ndarray, deterministic: bool, bounds, state: 
 
 def validate_eval_args(ev: EvalArgs) -> None:
     """Raises:
-    ConfigError: a count that would play or record nothing (the message names the flag)."""
+    ConfigError: every count that would play or record nothing, one line each (naming the flag)."""
+    p = Problems()
     for name in ("max_num_episodes", "max_num_frames", "video_frames"):
-        if getattr(ev, name) < 1:
-            raise ConfigError(f"--{name}: must be a positive integer, got {getattr(ev, name)}")
-    if ev.fps < 0:
-        raise ConfigError(f"--fps: must be >= 0 (0: the env's render_fps), got {ev.fps}")
+        p.check(getattr(ev, name) >= 1, name, f"must be a positive integer, got {getattr(ev, name)}")
+    p.check(ev.fps >= 0, "fps", f"must be >= 0 (0: the env's render_fps), got {ev.fps}")
+    p.raise_if_any([f.name for f in dataclasses.fields(EvalArgs)])
 
 
 def evaluate(cfg: Config, ev: EvalArgs) -> dict:
     """Play the episodes; return the content of ``eval.json``.
 
     Raises:
-        ConfigError: the experiment has no (readable) checkpoint of the kind asked for.
+        ConfigError: the policy index is out of range, the experiment has no (readable) checkpoint of the
+            kind asked for, or the env cannot render the video asked for.
+        RuntimeError: the checkpoint does not fit the model (torch's message).
     """
-    from msf.envs.registry import env_config_of, make_env, num_agents_of, spaces_of
+    from msf.envs.registry import spaces_of
     from msf.model.actor_critic import ActorCritic
-    from msf.persistence.checkpoint import load_latest_checkpoint
 
     exp_dir = os.path.join(cfg.train_dir, cfg.experiment)
-    if not 0 <= ev.policy_index < cfg.num_policies:
-        raise ConfigError(
-            f"--policy_index: must be in [0, {cfg.num_policies}) for {cfg.experiment!r} "
-            f"(trained with --num_policies={cfg.num_policies}), got {ev.policy_index}"
-        )
-    state = load_latest_checkpoint(exp_dir, policy=ev.policy_index, kind=ev.load_checkpoint_kind)
-    if state is None:
-        raise ConfigError(
-            f"--load_checkpoint_kind: no readable {ev.load_checkpoint_kind} checkpoint in "
-            f"{os.path.join(exp_dir, f'checkpoint_p{ev.policy_index}')}"
-        )
-    render = None
-    if ev.save_video:
-        render = "rgb_array"
-        # off-screen: SDL (pygame, used by gymnasium's classic-control renderers) needs no display then
-        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
-        os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
-    elif not ev.no_render and (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
-        render = "human"
+    state = _load_checkpoint(cfg, ev, exp_dir)
+    render = _render_mode(ev)
     seed = cfg.seed if cfg.seed is not None else 0
-    env = make_env(cfg.env, env_config_of(cfg, seed=seed, evaluation=True), render_mode=render)
-    if render is not None:
-        import gymnasium as gym
-
-        try:
-            env.reset(seed=seed)
-            env.render()
-        except gym.error.DependencyNotInstalled as e:
-            env.close()
-            raise ConfigError(f"--save_video: {cfg.env} cannot render here ({e}); or use --no_render") from None
-    model = ActorCritic(cfg, spaces_of(env))
-    if model.load_state_dict_compat(state["model"]):
-        print(
-            f"msf-enjoy: {state.get('path', 'the checkpoint')} predates per-pixel image normalisation: its images "
-            "are scaled to [0, 1], as when it was trained",
-            file=sys.stderr,
-        )
-    model.eval()
-    space = env.action_space
-    bounds = (space.low, space.high) if hasattr(space, "low") else None
-    import gymnasium as gym
-
-    tuple_actions = isinstance(space, gym.spaces.Tuple)
-    scalar_actions = model.log_std is None and model.nvec is None
-    A = num_agents_of(env)
-
-    def env_action(a: np.ndarray):
-        if tuple_actions:
-            return tuple(int(x) for x in a)
-        return int(a) if scalar_actions else a
-
-    fps = ev.fps or int(env.metadata.get("render_fps") or 30)
-    print(
-        f"msf-enjoy: {cfg.env} | {state['path']} (env steps {state['env_steps']}, policy version "
-        f"{state['policy_version']}) | {'deterministic' if ev.eval_deterministic else 'sampled'} actions"
-    )
-    writer, video_path, video_frames = None, None, 0
-    if ev.save_video:
-        import imageio.v2 as imageio
-
-        video_path = ev.video_name or "replay.mp4"
-        if not os.path.dirname(video_path):
-            video_path = os.path.join(exp_dir, video_path)
-        writer = imageio.get_writer(video_path, fps=fps, codec="libx264", macro_block_size=2, ffmpeg_log_level="error")
-
-    def record() -> None:
-        nonlocal video_frames
-        if writer is not None and video_frames < ev.video_frames:
-            writer.append_data(np.asarray(env.render(), dtype=np.uint8))
-            video_frames += 1
-
-    episodes, frames, t0 = [], 0, time.monotonic()
+    env = _make_eval_env(cfg, seed, render)
+    video = None
+    t0 = time.monotonic()
     try:
-        obs, _ = env.reset(seed=seed)
-        record()
-        ret, length = np.zeros(A), 0
-        core_state = None  # the recurrent core's state (zeros at each episode start)
-        while len(episodes) < ev.max_num_episodes and frames < ev.max_num_frames:
-            # a multi-agent env: the policy plays every agent (self-play)
-            batch = np.asarray(obs)[None] if A == 1 else np.stack(obs)
-            actions, core_state = _policy_actions(model, batch, ev.eval_deterministic, bounds, core_state)
-            obs, r, term, trunc, _ = env.step(env_action(actions[0]) if A == 1 else [env_action(a) for a in actions])
-            ret += np.asarray(r, dtype=np.float64).reshape(A)
-            length += 1
-            frames += cfg.env_frameskip
-            if render == "human" and ev.fps:
-                time.sleep(1.0 / ev.fps)
-            if np.all(np.asarray(term) | np.asarray(trunc)):
-                episode = {"return": float(ret.mean()), "length": length}
-                if A > 1:
-                    episode["agent_returns"] = ret.tolist()  # "return" is their mean
-                episodes.append(episode)
-                print(f"episode {len(episodes)}: return {episode['return']:.2f}, length {length}")
-                ret, length, core_state = np.zeros(A), 0, None
-                if len(episodes) < ev.max_num_episodes:
-                    obs, _ = env.reset()
-            if len(episodes) < ev.max_num_episodes:
-                record()
+        model = ActorCritic(cfg, spaces_of(env))
+        model.load_state_dict(state["model"])
+        model.eval()
+        fps = ev.fps or int(env.metadata.get("render_fps") or 30)
+        print(
+            f"msf-enjoy: {cfg.env} | {state['path']} (env steps {state['env_steps']}, policy version "
+            f"{state['policy_version']}) | {'deterministic' if ev.eval_deterministic else 'sampled'} actions"
+        )
+        if ev.save_video:
+            path = ev.video_name or "replay.mp4"
+            video = _Video(path if os.path.dirname(path) else os.path.join(exp_dir, path), fps, ev.video_frames)
+        episodes, frames = _play(cfg, ev, env, model, seed, render, video)
     finally:
-        if writer is not None:
-            writer.close()
+        if video is not None:
+            video.close()
         env.close()
     returns = [e["return"] for e in episodes]
     lengths = [e["length"] for e in episodes]
-    result = {
+    return {
         "env": cfg.env,
         "experiment": cfg.experiment,
         "checkpoint": state["path"],
@@ -300,10 +224,140 @@ def evaluate(cfg: Config, ev: EvalArgs) -> dict:
         "length_mean": float(np.mean(lengths)) if lengths else None,
         "env_frames": frames,
         "wall_seconds": time.monotonic() - t0,
-        "video": video_path,
-        "video_frames": video_frames if writer else 0,
+        "video": video.path if video else None,
+        "video_frames": video.frames if video else 0,
     }
-    return result
+
+
+def _load_checkpoint(cfg: Config, ev: EvalArgs, exp_dir: str) -> dict:
+    """The checkpoint of ``--policy_index`` of ``--load_checkpoint_kind``.
+
+    Raises:
+        ConfigError: the index is out of range, or there is no readable checkpoint of that kind.
+    """
+    from msf.persistence.checkpoint import load_latest_checkpoint
+
+    if not 0 <= ev.policy_index < cfg.num_policies:
+        raise ConfigError(
+            f"--policy_index: must be in [0, {cfg.num_policies}) for {cfg.experiment!r} "
+            f"(trained with --num_policies={cfg.num_policies}), got {ev.policy_index}"
+        )
+    state = load_latest_checkpoint(exp_dir, policy=ev.policy_index, kind=ev.load_checkpoint_kind)
+    if state is None:
+        raise ConfigError(
+            f"--load_checkpoint_kind: no readable {ev.load_checkpoint_kind} checkpoint in "
+            f"{os.path.join(exp_dir, f'checkpoint_p{ev.policy_index}')}"
+        )
+    return state
+
+
+def _render_mode(ev: EvalArgs) -> str | None:
+    """``rgb_array`` for a video, ``human`` when a display is there and wanted, else None."""
+    if ev.save_video:
+        # off-screen: SDL (pygame, used by gymnasium's classic-control renderers) needs no display then
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+        os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+        return "rgb_array"
+    if not ev.no_render and (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+        return "human"
+    return None
+
+
+def _make_eval_env(cfg: Config, seed: int, render: str | None):
+    """The training env without its training-only wrappers; with ``render``, rendered once to check it can.
+
+    Raises:
+        ConfigError: the env cannot render here.
+    """
+    import gymnasium as gym
+
+    from msf.envs.registry import env_config_of, make_env
+
+    env = make_env(cfg.env, env_config_of(cfg, seed=seed, evaluation=True), render_mode=render)
+    if render is not None:
+        try:
+            env.reset(seed=seed)
+            env.render()
+        except gym.error.DependencyNotInstalled as e:
+            env.close()
+            raise ConfigError(f"--save_video: {cfg.env} cannot render here ({e}); or use --no_render") from None
+    return env
+
+
+class _Video:
+    """An mp4 of rendered frames (``env.render()`` in ``rgb_array`` mode), at most ``max_frames`` of them."""
+
+    def __init__(self, path: str, fps: int, max_frames: int):
+        import imageio.v2 as imageio
+
+        self.path, self.max_frames, self.frames = path, max_frames, 0
+        self.writer = imageio.get_writer(path, fps=fps, codec="libx264", macro_block_size=2, ffmpeg_log_level="error")
+
+    def record(self, env) -> None:
+        if self.frames < self.max_frames:
+            self.writer.append_data(np.asarray(env.render(), dtype=np.uint8))
+            self.frames += 1
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def _env_action(env, model):
+    """A function from the policy's action array of one agent to what ``env.step`` takes for it."""
+    import gymnasium as gym
+
+    tuple_actions = isinstance(env.action_space, gym.spaces.Tuple)
+    scalar_actions = model.log_std is None and model.nvec is None
+
+    def env_action(a: np.ndarray):
+        if tuple_actions:
+            return tuple(int(x) for x in a)
+        return int(a) if scalar_actions else a
+
+    return env_action
+
+
+def _play(cfg: Config, ev: EvalArgs, env, model, seed: int, render: str | None, video: _Video | None):
+    """Play until ``--max_num_episodes`` episodes ended or ``--max_num_frames`` frames passed.
+
+    Returns:
+        ``(episodes, frames)``: per finished episode ``{"return", "length"}`` (and ``"agent_returns"`` with
+        several agents, whose mean is the return), and the env frames played.
+    """
+    from msf.envs.registry import num_agents_of
+
+    space = env.action_space
+    bounds = (space.low, space.high) if hasattr(space, "low") else None
+    env_action = _env_action(env, model)
+    A = num_agents_of(env)
+    episodes, frames = [], 0
+    obs, _ = env.reset(seed=seed)
+    if video is not None:
+        video.record(env)
+    ret, length = np.zeros(A), 0
+    core_state = None  # the recurrent core's state (zeros at each episode start)
+    while len(episodes) < ev.max_num_episodes and frames < ev.max_num_frames:
+        # a multi-agent env: the policy plays every agent (self-play)
+        batch = np.asarray(obs)[None] if A == 1 else np.stack(obs)
+        actions, core_state = _policy_actions(model, batch, ev.eval_deterministic, bounds, core_state)
+        obs, r, term, trunc, _ = env.step(env_action(actions[0]) if A == 1 else [env_action(a) for a in actions])
+        ret += np.asarray(r, dtype=np.float64).reshape(A)
+        length += 1
+        frames += cfg.env_frameskip
+        if render == "human" and ev.fps:
+            time.sleep(1.0 / ev.fps)
+        if np.all(np.asarray(term) | np.asarray(trunc)):
+            episode = {"return": float(ret.mean()), "length": length}
+            if A > 1:
+                episode["agent_returns"] = ret.tolist()  # "return" is their mean
+            episodes.append(episode)
+            print(f"episode {len(episodes)}: return {episode['return']:.2f}, length {length}")
+            ret, length, core_state = np.zeros(A), 0, None
+            if len(episodes) < ev.max_num_episodes:
+                obs, _ = env.reset()
+        if len(episodes) < ev.max_num_episodes and video is not None:
+            video.record(env)
+    return episodes, frames
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -321,7 +375,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = _load_config(cfg, given_flags(argv, ns))
         result = evaluate(cfg, ev)
     except ConfigError as e:
-        print(f"msf-enjoy: error: {e}", file=sys.stderr)
+        for line in e.problems:
+            print(f"msf-enjoy: error: {line}", file=sys.stderr)
         return 2
     exp_dir = os.path.join(cfg.train_dir, cfg.experiment)
     write_json_atomic(os.path.join(exp_dir, "eval.json"), result)

@@ -3,39 +3,47 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from .conftest import run_msf
+from .conftest import msf_env
 
 JOIN = re.compile(r"\[rank (\d+)\].*joined the process group: entered ([\d.]+) left ([\d.]+)")
+# msf-train, with one rank started late when MSF_TEST_LATE_RANK=RANK:SECONDS is set
+LATE_RANK_TRAIN = Path(__file__).resolve().parents[1] / "helpers" / "late_rank_train.py"
 
 
-def _run(train_dir, name: str, n: int, extra: list[str], delay: str | None = None, timeout: float = 180):
-    import os
-
-    env_delay = {"MSF_DEBUG_DELAY_RANK": delay} if delay else {}
-    os.environ.update(env_delay)
-    try:
-        return run_msf(
-            [
-                "--env=CartPole-v1",
-                f"--experiment={name}",
-                f"--train_dir={train_dir}",
-                f"--nproc_per_node={n}",
-                f"--num_workers={n}",
-                "--num_envs_per_worker=2",
-                "--batch_size=64",
-                "--encoder_mlp_layers",
-                "16",
-                "--train_for_env_steps=2000",
-                *extra,
-            ],
-            timeout=timeout,
-        )
-    finally:
-        for k in env_delay:
-            os.environ.pop(k)
+def _run(train_dir, name: str, n: int, extra: list[str], late: str | None = None, timeout: float = 180):
+    env = msf_env()
+    env.pop("MSF_TEST_LATE_RANK", None)
+    if late:
+        env["MSF_TEST_LATE_RANK"] = late
+    return subprocess.run(
+        [
+            sys.executable,
+            str(LATE_RANK_TRAIN),
+            "--device=cpu",
+            "--with_progress_bar=False",
+            "--env=CartPole-v1",
+            f"--experiment={name}",
+            f"--train_dir={train_dir}",
+            f"--nproc_per_node={n}",
+            f"--num_workers={n}",
+            "--num_envs_per_worker=2",
+            "--batch_size=64",
+            "--encoder_mlp_layers",
+            "16",
+            "--train_for_env_steps=2000",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
 
 
 def _joins(train_dir, name: str) -> dict[int, tuple[float, float]]:
@@ -53,7 +61,7 @@ def test_all_replicas_enter_before_any_leaves(train_dir, n):
 
 
 def test_a_late_replica_is_waited_for_and_released_at_once(train_dir):
-    r = _run(train_dir, "late", 2, ["--dist_timeout=60"], delay="1:5")
+    r = _run(train_dir, "late", 2, ["--dist_timeout=60"], late="1:5")
     assert r.returncode == 0, r.stderr[-3000:]
     joins = _joins(train_dir, "late")
     late_enter = joins[1][0]
@@ -62,6 +70,6 @@ def test_a_late_replica_is_waited_for_and_released_at_once(train_dir):
 
 
 def test_a_replica_that_never_joins_is_named(train_dir):
-    r = _run(train_dir, "missing", 2, ["--dist_timeout=3"], delay="1:30", timeout=60)
+    r = _run(train_dir, "missing", 2, ["--dist_timeout=3"], late="1:30", timeout=60)
     assert r.returncode == 1
     assert "rank(s) [1] did not join within --dist_timeout=3 s" in r.stderr.strip().splitlines()[-1]

@@ -64,6 +64,10 @@ def test_sample_factory_defaults():
         ({"policy_workers_per_policy": 3, "num_workers": 2}, "--policy_workers_per_policy"),
         ({"experiment": "a/b"}, "--experiment"),
         ({"learner_threads": -1}, "--learner_threads"),
+        ({"rollout": 0}, "--rollout"),
+        ({"worker_num_splits": 0}, "--worker_num_splits"),
+        ({"num_workers": 0}, "--num_workers"),
+        ({"lr_adaptive_max": -1.0}, "--lr_adaptive_max"),
     ],
 )
 def test_invalid_values_name_the_flag(tmp_path, changes, flag):
@@ -71,6 +75,56 @@ def test_invalid_values_name_the_flag(tmp_path, changes, flag):
     with pytest.raises(ConfigError) as e:
         validate(cfg)
     assert str(e.value).startswith(flag + ":")
+    assert len(e.value.problems) == 1  # one mistake, one line: a combination with an invalid part is not checked
+
+
+def test_every_invalid_flag_is_reported_at_once_in_help_order(tmp_path):
+    cfg = Config(train_dir=str(tmp_path), gamma=1.5, rollout=0, worker_num_splits=0, nnodes=0, learning_rate=-1.0)
+    with pytest.raises(ConfigError) as e:
+        validate(cfg)
+    assert e.value.problems == [
+        "--worker_num_splits: must be a positive integer, got 0",
+        "--rollout: must be a positive integer, got 0",
+        "--learning_rate: must be positive, got -1.0",
+        "--gamma: must be in [0, 1], got 1.5",
+        "--nnodes: must be a positive integer, got 0",
+    ]
+
+
+def test_msf_train_prints_every_invalid_flag_and_exits_2(tmp_path, capsys):
+    from msf.train import main
+
+    code = main([f"--train_dir={tmp_path}", "--batch_size=48", "--num_epochs=0", "--env=CartPole-v1"])
+    assert code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "msf-train: error: --batch_size: must be a multiple of rollout=32 (the learner trains on whole "
+        "trajectories), got 48",
+        "msf-train: error: --num_epochs: must be a positive integer, got 0",
+    ]
+
+
+def test_msf_enjoy_checks_its_own_flags_at_once():
+    from msf.enjoy import EvalArgs, validate_eval_args
+
+    with pytest.raises(ConfigError) as e:
+        validate_eval_args(EvalArgs(max_num_episodes=0, fps=-1, video_frames=0))
+    assert [p.split(":")[0] for p in e.value.problems] == ["--max_num_episodes", "--video_frames", "--fps"]
+
+
+def test_flag_scopes_come_from_the_fields_and_show_in_help():
+    from msf.cfg import config
+    from msf.distributed import rendezvous
+    from msf.runner import experiment
+
+    assert {"env", "encoder_mlp_layers", "num_policies"} <= config.FIXED_FLAGS
+    assert {"device", "nproc_per_node", "master_port"} <= config.LAUNCH_FLAGS
+    assert {"node_rank", "seed", "num_workers"} <= config.PER_NODE_FLAGS
+    assert not config.FIXED_FLAGS & (config.LAUNCH_FLAGS | config.PER_NODE_FLAGS)
+    assert experiment.FIXED_FLAGS is config.FIXED_FLAGS and experiment.LAUNCH_FLAGS is config.LAUNCH_FLAGS
+    assert rendezvous.PER_NODE_FLAGS is config.PER_NODE_FLAGS
+    helps = {a.dest: a.help for a in build_parser()._actions}
+    assert "[fixed once the experiment exists]" in helps["env"]
+    assert "[may differ between nodes]" in helps["node_rank"] and "[" not in helps["gamma"]
 
 
 def test_derived_values():
@@ -147,7 +201,7 @@ def test_symmetric_kl_is_refused_where_it_is_undefined():
     from msf.train import check_model
 
     cfg = Config(exploration_loss="symmetric_kl", encoder_mlp_layers=[8], env="mujoco_hopper")
-    box = EnvSpaces((3,), np.float32, False, 2, action_low=np.full(2, -1.0), action_high=np.full(2, 1.0))
+    box = EnvSpaces((3,), np.float32, False, 2)
     with pytest.raises(ConfigError, match="--exploration_loss=symmetric_kl needs discrete actions"):
         check_model(cfg, box)
     masked = EnvSpaces((5,), np.float32, True, 2, obs_layout=(("x", (3,), 3), ("action_mask", (2,), 2)))

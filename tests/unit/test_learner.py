@@ -1,4 +1,5 @@
-"""Learner.train on hand-built batches: step counting, callbacks, parameter updates, normaliser and first-step losses."""
+"""Learner.train on hand-built batches: step counting, callbacks, parameter updates, normaliser and first-step
+losses."""
 
 import copy
 import math
@@ -108,7 +109,8 @@ def test_first_step_policy_loss_at_ratio_one():
 
 
 def test_first_step_losses_off_policy():
-    # behaviour log-probs shifted so that ratios fall inside and outside [1/1.1, 1.1]: the loss depends on each advantage
+    # behaviour log-probs shifted so that ratios fall inside and outside [1/1.1, 1.1]: the loss depends on each
+    # advantage
     learner = _learner()
     batch = _batch(learner)
     log_probs, values = _own_outputs(learner, batch)

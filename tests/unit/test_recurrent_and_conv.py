@@ -143,37 +143,6 @@ def test_policy_initialization_covers_the_convolutions():
     assert not torch.allclose(w @ w.T, torch.eye(32, dtype=torch.float64), atol=1e-2)
 
 
-def test_a_checkpoint_from_before_image_normalisation_plays_but_does_not_resume():
-    """A model state without the encoder's normaliser (written before 2026-11-30) loads for playing with a fresh
-    normaliser, which scales pixels to [0, 1] exactly as that model was trained; resuming it is refused."""
-    from msf.cfg.config import Derived
-    from msf.learning.learner import Learner
-
-    spaces = EnvSpaces((4, 84, 84), np.uint8, True, 6)
-    torch.manual_seed(0)
-    plain = ActorCritic(Config(encoder_conv_mlp_layers=[32], normalize_input=False), spaces)
-    old_state = plain.state_dict()
-    model = ActorCritic(Config(encoder_conv_mlp_layers=[32]), spaces)
-    assert model.load_state_dict_compat(old_state) is True
-    x = torch.randint(0, 256, (3, 4, 84, 84), dtype=torch.uint8)
-    torch.testing.assert_close(model(x)[0], plain(x)[0])
-    assert model.load_state_dict_compat(model.state_dict()) is False  # a current checkpoint: plain load
-    with pytest.raises(RuntimeError, match="Missing key"):  # other mismatches keep torch's message
-        model.load_state_dict_compat({k: v for k, v in old_state.items() if not k.startswith("value_head")})
-    cfg = Config(encoder_conv_mlp_layers=[32], batch_size=128, rollout=16)
-    learner = Learner(cfg, Derived.of(cfg), spaces, "cpu")
-    with pytest.raises(RuntimeError, match="before msf normalised images per pixel"):
-        learner.load_state_dict(
-            {
-                "model": old_state,
-                "optimizer": learner.optimizer.state_dict(),
-                "train_step": 0,
-                "lr": 1e-4,
-                "path": "old.pth",
-            }
-        )
-
-
 @pytest.mark.parametrize(
     "arch, obs_shape",
     [("convnet_atari", (4, 84, 84)), ("convnet_simple", (72, 128, 3)), ("resnet_impala", (3, 64, 64))],

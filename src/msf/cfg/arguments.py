@@ -7,6 +7,14 @@ import dataclasses
 import typing
 
 from msf.cfg.config import Config
+from msf.cfg.flags import FIXED, LAUNCH, PER_NODE
+
+# What --help adds to the help of a flag of each scope (msf.cfg.flags)
+SCOPE_NOTES = {
+    FIXED: "fixed once the experiment exists",
+    LAUNCH: "on resume, taken from this command line",
+    PER_NODE: "may differ between nodes",
+}
 
 
 def str2bool(v: str) -> bool:
@@ -26,7 +34,7 @@ def integer(v: str) -> int:
     except ValueError:
         f = float(v)
         if not f.is_integer():
-            raise argparse.ArgumentTypeError(f"expected an integer, got {v!r}")
+            raise argparse.ArgumentTypeError(f"expected an integer, got {v!r}") from None
         return int(f)
 
 
@@ -37,8 +45,11 @@ class OneLineErrorParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def build_parser(prog: str = "msf-train", description: str | None = None) -> argparse.ArgumentParser:
-    """An ``argparse`` parser with one option per :class:`Config` field, grouped by stage."""
+def build_parser(
+    prog: str = "msf-train", description: str | None = None, scope_notes: dict[str, str] = SCOPE_NOTES
+) -> argparse.ArgumentParser:
+    """An ``argparse`` parser with one option per :class:`Config` field, grouped by stage; the help of a
+    flag notes those of its scopes that ``scope_notes`` has."""
     parser = OneLineErrorParser(
         prog=prog,
         description=description,
@@ -52,7 +63,8 @@ def build_parser(prog: str = "msf-train", description: str | None = None) -> arg
         group = groups.setdefault(meta["group"], parser.add_argument_group(meta["group"]))
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         hint = hints[f.name]
-        kwargs: dict = {"default": default, "help": meta["help"]}
+        notes = [note for scope, note in scope_notes.items() if scope in meta["scope"]]
+        kwargs: dict = {"default": default, "help": meta["help"] + (f" [{'; '.join(notes)}]" if notes else "")}
         if meta.get("choices"):
             kwargs["choices"] = meta["choices"]
         if hint is bool:

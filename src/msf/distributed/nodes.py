@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from msf.cfg.config import Config
-from msf.cfg.validation import ConfigError
+from msf.cfg.validation import ConfigError, Problems, check_node_flags
 
 DEFAULT_MASTER_PORT = 29500
 """The rendezvous port when ``--master_port=0`` and the processes start independently (torchrun's default)."""
@@ -82,17 +82,15 @@ def _one_line(text: str) -> str:
 
 
 def validate_node_flags(cfg: Config) -> None:
-    """Check the node flags that need no environment: ``nnodes >= 1``, ``node_rank >= 0``, ``max_restarts >= 0``.
+    """Check the node flags that need no environment: ``nnodes >= 1``, ``node_rank >= 0``, ``max_restarts >= 0``
+    (:func:`msf.cfg.validation.validate` checks them too, with all other flags).
 
     Raises:
-        ConfigError: on the first invalid flag.
+        ConfigError: every invalid one, a line each.
     """
-    if cfg.nnodes < 1:
-        raise _fail("nnodes", f"must be a positive integer, got {cfg.nnodes}")
-    if cfg.node_rank < 0:
-        raise _fail("node_rank", f"must be in [0, nnodes) = [0, {cfg.nnodes}), got {cfg.node_rank}")
-    if cfg.max_restarts < 0:
-        raise _fail("max_restarts", f"must not be negative, got {cfg.max_restarts}")
+    p = Problems()
+    check_node_flags(cfg, p)
+    p.raise_if_any()
 
 
 def discover(

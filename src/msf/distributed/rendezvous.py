@@ -21,13 +21,11 @@ from typing import Any
 
 import torch.distributed as dist
 
-from msf.cfg.config import Config
+from msf.cfg.config import PER_NODE_FLAGS, Config
 from msf.cfg.validation import ConfigError
 from msf.distributed.nodes import NodePlan
 from msf.distributed.topology import RankInfo
 
-# Per-node flags: they may differ between the nodes of one job (the seed is rank 0's for all).
-PER_NODE_FLAGS = frozenset({"node_rank", "train_dir", "num_workers", "with_progress_bar", "seed"})
 # The exit code of a rank whose join was refused (the launcher turns it into JoinRefused, exit 2).
 JOIN_REFUSED_EXIT = 2
 
@@ -129,6 +127,10 @@ class Rendezvous:
 def join(rank: RankInfo, cfg: Config, plan: NodePlan, attempt: int) -> Rendezvous:
     """Join the job's process group and return the :class:`Rendezvous` of this attempt.
 
+    In order: reach the store (rank 0 hosts it), claim this rank, check this node's config against rank 0's
+    and adopt rank 0's seed, wait until every rank has arrived, then create the process group (under
+    torchrun it exists before the store is reached).
+
     Raises:
         JoinRefused: a rank is claimed twice, or this node's config differs from rank 0's.
         RuntimeError: the rendezvous cannot be reached, or some node did not join within ``--dist_timeout``
@@ -136,96 +138,120 @@ def join(rank: RankInfo, cfg: Config, plan: NodePlan, attempt: int) -> Rendezvou
     """
     timeout = datetime.timedelta(seconds=cfg.dist_timeout)
     deadline = time.monotonic() + cfg.dist_timeout
-    addr, port = plan.master_addr, cfg.master_port
     backend = "nccl" if cfg.device == "gpu" else "gloo"
-    where = f"the rendezvous at {addr}:{port}"
-    listener = None
-    if plan.launcher == "torchrun":
-        dist.init_process_group(
-            backend, init_method="env://", rank=rank.rank, world_size=rank.world_size, timeout=timeout
-        )
-        raw = dist.TCPStore(addr, port, is_master=False, timeout=timeout)
-        prefix = f"msf/{os.environ.get('TORCHELASTIC_RUN_ID', '')}/{attempt}/"
-    else:
-        if rank.is_main:
-            sock = bind_listener(addr, port)  # this address only: c10d's own listener would take every interface
-            raw = dist.TCPStore(
-                addr,
-                port,
-                rank.world_size,
-                is_master=True,
-                timeout=timeout,
-                wait_for_workers=False,
-                master_listen_fd=sock.fileno(),
-            )
-            listener = sock  # the store serves on this socket: the Rendezvous keeps it open
-        else:
-            try:
-                # wait for the listener with plain sockets first: a failing TCPStore client takes longer than
-                # its time-out and prints C++ stack traces while it retries
-                wait_for_listener(addr, port, deadline)
-                raw = dist.TCPStore(addr, port, rank.world_size, is_master=False, timeout=timeout)
-            except Exception:  # noqa: BLE001 - a time-out or a refused connection
-                raise RuntimeError(
-                    f"could not reach {where} (rank 0, node 0: "
-                    f"{plan.host_of(0, cfg.nproc_per_node)}) within --dist_timeout="
-                    f"{cfg.dist_timeout} s"
-                ) from None
-        prefix = f"msf/{attempt}/"
-    store = dist.PrefixStore(prefix, raw)
+    store, listener = _connect(rank, cfg, plan, attempt, backend, deadline)
     if plan.launcher != "torchrun" and store.add(f"claim/{rank.rank}", 1) > 1:
         _abort(
             store,
             rank,
             JoinRefused(
-                f"--node_rank: rank {rank.rank} is claimed twice: two nodes were started with --node_rank={rank.node_rank} "
-                f"(each node needs its own, in [0, {rank.nnodes}))"
+                f"--node_rank: rank {rank.rank} is claimed twice: two nodes were started with "
+                f"--node_rank={rank.node_rank} (each node needs its own, in [0, {rank.nnodes}))"
             ),
         )
-    mine = fingerprint(cfg)
-    store.set(f"config/{rank.rank}", json.dumps(mine))
-    if not rank.is_main:
-        if not _wait(store, ["config/0"], deadline, rank):
-            raise RuntimeError(
-                f"rank 0 ({plan.host_of(0, cfg.nproc_per_node)}) did not join {where} within "
-                f"--dist_timeout={cfg.dist_timeout} s"
-            )
-        ref = json.loads(store.get("config/0"))
-        diff = [k for k in sorted(set(mine) | set(ref)) if k != "seed" and mine.get(k) != ref.get(k)]
-        if diff:
-            _abort(
-                store,
-                rank,
-                JoinRefused(
-                    f"--{diff[0]}: node {rank.node_rank} runs another config than node 0: "
-                    + "; ".join(
-                        f"--{k}={ref.get(k)!r} on node 0, {mine.get(k)!r} on node {rank.node_rank}" for k in diff
-                    )
-                    + " (start every node with the same flags)"
-                ),
-            )
-        cfg = dataclasses.replace(cfg, seed=ref["seed"])
-    store.set(f"arrived/{rank.rank}", "1")
-    keys = [f"arrived/{r}" for r in range(rank.world_size)]
-    if not _wait(store, keys, deadline, rank):
-        missing = [r for r in range(rank.world_size) if not store.check([f"arrived/{r}"])]
-        nodes = sorted({r // rank.nproc_per_node for r in missing})
-        if rank.nnodes == 1:
-            raise RuntimeError(f"rank(s) {missing} did not join within --dist_timeout={cfg.dist_timeout} s")
-        hosts = ", ".join(f"node {n}" + (f" ({plan.hosts[n]})" if plan.hosts else "") for n in nodes)
-        raise RuntimeError(
-            f"{hosts} did not join within --dist_timeout={cfg.dist_timeout} s "
-            f"(missing rank(s) {missing} of {rank.world_size}; under torchrun: "
-            f"{len(nodes)} node(s) missing)"
-            if plan.launcher == "torchrun"
-            else f"{hosts} did not join within --dist_timeout={cfg.dist_timeout} s "
-            f"(missing rank(s) {missing} of {rank.world_size})"
-        )
+    cfg = _check_config(store, rank, cfg, plan, deadline)
+    _wait_for_everyone(store, rank, cfg, plan, deadline)
     if plan.launcher != "torchrun":
         dist.init_process_group(
             backend, store=dist.PrefixStore("pg", store), rank=rank.rank, world_size=rank.world_size, timeout=timeout
         )
     return Rendezvous(store, cfg, listener)
+
+
+def _where(cfg: Config, plan: NodePlan) -> str:
+    return f"the rendezvous at {plan.master_addr}:{cfg.master_port}"
+
+
+def _connect(
+    rank: RankInfo, cfg: Config, plan: NodePlan, attempt: int, backend: str, deadline: float
+) -> tuple[Any, socket.socket | None]:
+    """The store of this attempt (prefixed, so that a restart never reads an earlier attempt's keys) and,
+    on rank 0 outside torchrun, the socket it serves on. Under torchrun the process group is created here,
+    from torchrun's environment, before the store is reached."""
+    timeout = datetime.timedelta(seconds=cfg.dist_timeout)
+    addr, port = plan.master_addr, cfg.master_port
+    if plan.launcher == "torchrun":
+        dist.init_process_group(
+            backend, init_method="env://", rank=rank.rank, world_size=rank.world_size, timeout=timeout
+        )
+        raw = dist.TCPStore(addr, port, is_master=False, timeout=timeout)
+        return dist.PrefixStore(f"msf/{os.environ.get('TORCHELASTIC_RUN_ID', '')}/{attempt}/", raw), None
+    listener = None
+    if rank.is_main:
+        sock = bind_listener(addr, port)  # this address only: c10d's own listener would take every interface
+        raw = dist.TCPStore(
+            addr,
+            port,
+            rank.world_size,
+            is_master=True,
+            timeout=timeout,
+            wait_for_workers=False,
+            master_listen_fd=sock.fileno(),
+        )
+        listener = sock  # the store serves on this socket: the Rendezvous keeps it open
+    else:
+        try:
+            # wait for the listener with plain sockets first: a failing TCPStore client takes longer than
+            # its time-out and prints C++ stack traces while it retries
+            wait_for_listener(addr, port, deadline)
+            raw = dist.TCPStore(addr, port, rank.world_size, is_master=False, timeout=timeout)
+        except Exception:  # noqa: BLE001 - a time-out or a refused connection
+            raise RuntimeError(
+                f"could not reach {_where(cfg, plan)} (rank 0, node 0: "
+                f"{plan.host_of(0, cfg.nproc_per_node)}) within --dist_timeout="
+                f"{cfg.dist_timeout} s"
+            ) from None
+    return dist.PrefixStore(f"msf/{attempt}/", raw), listener
+
+
+def _check_config(store: Any, rank: RankInfo, cfg: Config, plan: NodePlan, deadline: float) -> Config:
+    """Publish this rank's :func:`fingerprint`; on the other ranks, compare it with rank 0's (a difference
+    aborts the join for everyone) and return ``cfg`` with rank 0's seed."""
+    mine = fingerprint(cfg)
+    store.set(f"config/{rank.rank}", json.dumps(mine))
+    if rank.is_main:
+        return cfg
+    if not _wait(store, ["config/0"], deadline, rank):
+        raise RuntimeError(
+            f"rank 0 ({plan.host_of(0, cfg.nproc_per_node)}) did not join {_where(cfg, plan)} within "
+            f"--dist_timeout={cfg.dist_timeout} s"
+        )
+    ref = json.loads(store.get("config/0"))
+    diff = [k for k in sorted(set(mine) | set(ref)) if k != "seed" and mine.get(k) != ref.get(k)]
+    if diff:
+        _abort(
+            store,
+            rank,
+            JoinRefused(
+                f"--{diff[0]}: node {rank.node_rank} runs another config than node 0: "
+                + "; ".join(f"--{k}={ref.get(k)!r} on node 0, {mine.get(k)!r} on node {rank.node_rank}" for k in diff)
+                + " (start every node with the same flags)"
+            ),
+        )
+    return dataclasses.replace(cfg, seed=ref["seed"])
+
+
+def _wait_for_everyone(store: Any, rank: RankInfo, cfg: Config, plan: NodePlan, deadline: float) -> None:
+    """Mark this rank arrived and wait for all the others until ``deadline``.
+
+    Raises:
+        RuntimeError: naming the ranks (and, over several nodes, the nodes and hosts) that did not arrive.
+    """
+    store.set(f"arrived/{rank.rank}", "1")
+    if _wait(store, [f"arrived/{r}" for r in range(rank.world_size)], deadline, rank):
+        return
+    missing = [r for r in range(rank.world_size) if not store.check([f"arrived/{r}"])]
+    if rank.nnodes == 1:
+        raise RuntimeError(f"rank(s) {missing} did not join within --dist_timeout={cfg.dist_timeout} s")
+    nodes = sorted({r // rank.nproc_per_node for r in missing})
+    hosts = ", ".join(f"node {n}" + (f" ({plan.hosts[n]})" if plan.hosts else "") for n in nodes)
+    message = (
+        f"{hosts} did not join within --dist_timeout={cfg.dist_timeout} s "
+        f"(missing rank(s) {missing} of {rank.world_size}"
+    )
+    if plan.launcher == "torchrun":
+        message += f"; under torchrun: {len(nodes)} node(s) missing"
+    raise RuntimeError(message + ")")
 
 
 class Heartbeat:

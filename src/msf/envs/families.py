@@ -149,8 +149,8 @@ def make_doom(name: str, env_config: dict[str, Any]) -> gym.Env:
     (``wide_aspect_ratio``: 256x144) as Sample Factory renders it, resized to ``res_w`` x ``res_h`` (128x72)
     RGB ``[res_h, res_w, 3]`` uint8; 4 frames per step (the action repeated).
 
-    The scenarios' own configs render at 320x240: four times the pixels for the same observation, and 2.3x
-    the engine's time per step on this machine's cores (5,300 against 12,300 frames/s on one core).
+    The scenarios' own configs render at 320x240: four times the pixels for the same observation, which the
+    engine pays for at every step (benchmarks/README.md has the measurements).
     """
     from vizdoom import gymnasium_wrapper  # noqa: F401 - registers the Vizdoom* ids
 

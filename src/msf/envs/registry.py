@@ -129,7 +129,6 @@ class EnvSpaces:
         discrete: True for a ``Discrete`` action space.
         num_actions: number of discrete actions (the sum over the dimensions of a multi-discrete
             action: the size of the logits), or the size of a ``Box`` action.
-        action_low, action_high: bounds of a ``Box`` action space (None for discrete).
         action_nvec: the choices of each dimension of a ``MultiDiscrete`` action, or of a ``Tuple``
             of ``Discrete`` (actions ``[k]`` int64); None for one ``Discrete`` or a ``Box``.
         obs_layout: for a ``Dict`` observation space, flattened by gymnasium's ``FlattenObservation``
@@ -144,8 +143,6 @@ class EnvSpaces:
     obs_dtype: Any
     discrete: bool
     num_actions: int
-    action_low: np.ndarray | None = None
-    action_high: np.ndarray | None = None
     action_nvec: tuple[int, ...] | None = None
     obs_layout: tuple[tuple[str, tuple[int, ...], int], ...] | None = None
     num_agents: int = 1
@@ -213,15 +210,7 @@ def _spaces_of(env: gym.Env, obs: gym.Space, act: gym.Space) -> EnvSpaces:
     if nvec is not None:
         return EnvSpaces(shape, dtype, True, sum(nvec), action_nvec=nvec, obs_layout=layout)
     if isinstance(act, gym.spaces.Box) and len(act.shape) == 1:
-        return EnvSpaces(
-            shape,
-            dtype,
-            False,
-            int(act.shape[0]),
-            act.low.astype(np.float32),
-            act.high.astype(np.float32),
-            obs_layout=layout,
-        )
+        return EnvSpaces(shape, dtype, False, int(act.shape[0]), obs_layout=layout)
     raise ConfigError(
         f"--env: action space {act} is not supported (supported: Discrete, MultiDiscrete, a Tuple of Discrete, 1-D Box)"
     )

@@ -215,7 +215,8 @@ class Learner:
             batch: ``obs`` ``[B, T + 1, *obs_shape]``; ``actions`` ``[B, T(, A)]``; ``log_probs``,
                 ``values``, ``rewards``, ``dones``, ``time_outs`` ``[B, T]`` (behaviour log-probs and
                 values in value-head units, raw rewards, episode ends, time-outs); optionally ``valids``
-                ``[B, T]`` (0: the sample is masked out of the losses and statistics), with ``B`` a multiple of ``num_batches_per_epoch``.
+                ``[B, T]`` (0: the sample is masked out of the losses and statistics), with ``B`` a multiple
+                of ``num_batches_per_epoch``.
             on_sgd_step: called after each SGD step with the model and the new policy version.
 
         Returns:
@@ -303,15 +304,8 @@ class Learner:
         """Resume from a checkpoint's state (see :meth:`state_dict`).
 
         Raises:
-            RuntimeError: the checkpoint does not fit the model; one written before msf normalised images per
-                pixel says so (it can be played with msf-enjoy, not resumed).
+            RuntimeError: the checkpoint does not fit the model (torch's message).
         """
-        if self.model.missing_image_normalizers(state["model"]):
-            raise RuntimeError(
-                f"{state.get('path', 'the checkpoint')} was written before msf normalised images per "
-                "pixel (--normalize_input): its training cannot be resumed with the new inputs. Play it "
-                "with msf-enjoy, or start anew with --restart_behavior=restart"
-            )
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.train_step = int(state["train_step"])

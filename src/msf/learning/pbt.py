@@ -60,7 +60,8 @@ def pbt_decision(
 
     Args:
         objectives: per policy, the objective (higher is better; None: not measured yet, never replaced
-            and never a donor).
+            and never a donor). The caller passes the mean episode return whatever ``--pbt_target_objective``
+            says (that flag is accepted for Sample Factory's command lines, and read by nothing).
         hyper: per policy, its current values of :data:`PBT_HYPERPARAMETERS`.
         replace_fraction: the worst ``ceil(P x fraction)`` policies may be replaced, each by one of the best
             ``ceil(P x fraction)`` drawn at random.

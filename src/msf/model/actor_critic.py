@@ -279,25 +279,3 @@ class ActorCritic(nn.Module):
     def normalize_values(self, values: torch.Tensor) -> torch.Tensor:
         """Return-unit values into the value head's units."""
         return self.returns_normalizer.normalize(values) if self.returns_normalizer is not None else values
-
-    def missing_image_normalizers(self, state: dict) -> list[str]:
-        """The image normaliser entries of this model that a checkpoint's ``state`` (a model ``state_dict``)
-        lacks: such a checkpoint was written before msf normalised images per pixel (2026-11-30), when images
-        were only scaled to [0, 1]. A fresh normaliser (count 0) scales exactly so, until it is updated."""
-        return [k for k in self.state_dict() if k not in state and ".normalizer." in k and "encoder" in k]
-
-    def load_state_dict_compat(self, state: dict) -> bool:
-        """:meth:`load_state_dict`, also for a checkpoint from before per-pixel image normalisation (its encoders'
-        normalisers stay fresh, which reproduces the plain scaling it was trained with). Returns True in that
-        case. For playing a policy, not for resuming its training (the first update would change its inputs).
-
-        Raises:
-            RuntimeError: any other mismatch (torch's message).
-        """
-        old = bool(self.missing_image_normalizers(state))
-        missing, unexpected = self.load_state_dict(state, strict=False) if old else ((), ())
-        if not old:
-            self.load_state_dict(state)
-        elif unexpected or set(missing) - set(self.missing_image_normalizers(state)):
-            self.load_state_dict(state)  # raises with torch's full message
-        return old

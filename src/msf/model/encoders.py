@@ -142,10 +142,11 @@ class ConvEncoder(nn.Module):
         if self.axis != 0:
             x = x.movedim(self.axis + 1, 1)
         if x.device.type == "cpu" and torch.is_grad_enabled():
-            # the learner's passes: oneDNN's convolutions run forward + backward 1.4x faster on Pong's
-            # minibatches in channels_last (NHWC) than in NCHW on a CPU, while the small batches of
-            # inference are 5-15% slower in NHWC (benchmarks/README.md, 2026-11-30, fifth session). Only the activations' memory
-            # layout changes: same values up to float rounding, parameters and checkpoints as they were.
+            # the learner's passes: on a CPU, oneDNN runs the convolutions' forward + backward faster in
+            # channels_last (NHWC) than in NCHW on the learner's large minibatches, while inference's small
+            # batches are slower in NHWC, so they keep their layout (benchmarks/README.md, "channels_last in
+            # the learner"). Only the activations' memory layout changes: same values up to float rounding,
+            # parameters and checkpoints as they were.
             x = x.contiguous(memory_format=torch.channels_last)
         return self.mlp(self.conv(x).flatten(1))
 
@@ -188,9 +189,9 @@ def custom_encoder(spec: str):
 
 class DictEncoder(nn.Module):
     """A ``Dict`` observation flattened into ``[N, total]`` float32 (see ``EnvSpaces.obs_layout``), split
-    again per key: 3-D keys through a :class:`ConvEncoder` (normalised per element with ``normalize_input``), the others through their own running mean/std
-    normaliser (with ``normalize_input``) and MLP; the features are concatenated ``[N, out_size]``. The
-    ``action_mask`` key is not encoded.
+    again per key: 3-D keys through a :class:`ConvEncoder` (normalised per element with ``normalize_input``),
+    the others through their own running mean/std normaliser (with ``normalize_input``) and MLP; the features
+    are concatenated ``[N, out_size]``. The ``action_mask`` key is not encoded.
 
     Args:
         layout: ``((key, shape, size), ...)`` in the flattened order.

@@ -9,7 +9,7 @@ import shutil
 import sys
 import time
 
-from msf.cfg.config import Config
+from msf.cfg.config import FIXED_FLAGS, LAUNCH_FLAGS, Config
 from msf.cfg.validation import ConfigError
 from msf.persistence.summaries import write_json_atomic
 
@@ -55,42 +55,17 @@ def wait_for_experiment_dir(cfg: Config, recent_s: float = 10.0) -> str:
     )
 
 
-# Where and how this launch runs, not what the experiment is: always from the current command line
-# (like torchrun's own arguments), so an experiment resumes on another number of device groups.
-LAUNCH_FLAGS = frozenset(
-    {"train_dir", "experiment", "restart_behavior", "device", "nproc_per_node", "master_port", "with_progress_bar"}
-)
-# What the checkpoint's shapes depend on: changing it for an existing experiment is an error.
-FIXED_FLAGS = (
-    "env",
-    "encoder_mlp_layers",
-    "nonlinearity",
-    "actor_critic_share_weights",
-    "normalize_input",
-    "normalize_returns",
-    "num_policies",
-    "encoder_conv_architecture",
-    "encoder_conv_mlp_layers",
-    "use_rnn",
-    "rnn_type",
-    "rnn_size",
-    "rnn_num_layers",
-    "atari_full_action_space",
-    "encoder_custom",
-)
-
-
 def resume_config(cfg: Config, given: set[str]) -> tuple[Config, list[str]]:
     """The config a resumed experiment runs with: its saved ``config.json``, with the flags given on
-    this command line (``given``) on top, and the launch flags (:data:`LAUNCH_FLAGS`) from this command
-    line. Without ``--restart_behavior=resume`` or without a saved config, ``cfg`` as it is.
+    this command line (``given``) on top, and the launch flags (:data:`msf.cfg.config.LAUNCH_FLAGS`) from
+    this command line. Without ``--restart_behavior=resume`` or without a saved config, ``cfg`` as it is.
 
     Returns:
         ``(config, changes)``: ``changes`` lists each given flag whose value differs from the saved one,
         as ``"--name: old -> new"``.
 
     Raises:
-        ConfigError: a flag of :data:`FIXED_FLAGS` differs from the saved experiment's; the saved
+        ConfigError: a flag of :data:`msf.cfg.config.FIXED_FLAGS` differs from the saved experiment's; the saved
             config is unreadable.
     """
     path = os.path.join(experiment_dir(cfg), "config.json")

@@ -181,6 +181,8 @@ def _launch_node(cfg: Config, spaces: EnvSpaces, plan: NodePlan, attempt: int) -
 
 
 def _rank_main(local_rank: int, cfg: Config, spaces: EnvSpaces, plan: NodePlan, attempt: int, errors: Any) -> None:
+    """The target of a spawned rank process: its logging and device, then :func:`_run_rank`; a refused join
+    goes back to the launcher through ``errors`` with exit code :data:`JOIN_REFUSED_EXIT`."""
     rank = RankInfo(
         rank=plan.node_rank * cfg.nproc_per_node + local_rank,
         local_rank=local_rank,
@@ -189,9 +191,6 @@ def _rank_main(local_rank: int, cfg: Config, spaces: EnvSpaces, plan: NodePlan, 
         nnodes=plan.nnodes,
     )
     setup_logging(experiment_dir(cfg), rank=rank.rank)
-    delay = os.environ.get("MSF_DEBUG_DELAY_RANK", "")  # "RANK:SECONDS", for the tests of concurrent start
-    if delay and int(delay.split(":")[0]) == rank.rank:
-        time.sleep(float(delay.split(":")[1]))
     if cfg.device == "gpu":
         # before any CUDA state exists in this process: everything after lands on this rank's GPU
         torch.cuda.set_device(local_rank)
@@ -204,7 +203,10 @@ def _rank_main(local_rank: int, cfg: Config, spaces: EnvSpaces, plan: NodePlan, 
 
 
 def _run_rank(rank: RankInfo, cfg: Config, spaces: EnvSpaces, plan: NodePlan, attempt: int) -> None:
-    """Join the job, train, leave; a failure names the ranks that were lost, if any."""
+    """Join the job, train, leave; a failure names the ranks that were lost, if any.
+
+    Looked up by name at each call: ``tests/helpers/late_rank_train.py`` wraps it to start one rank late.
+    """
     entered = time.time()
     meeting = join(rank, cfg, plan, attempt)
     cfg = meeting.cfg

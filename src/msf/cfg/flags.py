@@ -1,0 +1,431 @@
+"""Every flag of ``msf-train``: one dataclass per ``--help`` group, in the order of the data flow.
+
+:class:`msf.cfg.config.Config` inherits all of them, so a flag is read flat (``cfg.batch_size``). Each
+field carries in its ``metadata`` its help text, its ``--help`` group, its choices, the item type of a
+list flag, and its scopes: the sets of flags that are treated alike outside parsing and validation
+(:data:`LAUNCH`, :data:`FIXED`, :data:`PER_NODE`; :mod:`msf.cfg.config` derives the name sets from them).
+Names, meanings and defaults follow Sample Factory 2.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+# Scopes of a flag (a field may have several):
+LAUNCH = "launch"
+"""Where and how this launch runs, not what the experiment is: on resume it comes from the current
+command line (like torchrun's own arguments), so that an experiment resumes on another number of
+device groups."""
+FIXED = "fixed"
+"""The checkpoint's shapes depend on it: changing it for an existing experiment is an error."""
+PER_NODE = "per_node"
+"""It may differ between the nodes of one job (the seed is then rank 0's for all)."""
+
+BASIC = "basic"
+SAMPLING = "sampling (rollout and inference workers)"
+LEARNING = "learning (PPO, advantages, optimiser)"
+MODEL = "model"
+STOPPING = "stopping"
+PERSISTENCE = "checkpoints and summaries"
+DISTRIBUTED = "distributed (data-parallel learners)"
+POLICIES = "several policies and population-based training"
+
+
+@dataclass(frozen=True)
+class _Flag:
+    default: Any
+    help: str
+    choices: tuple | None
+    item_type: type
+    scope: frozenset[str]
+
+
+def flag(
+    default: Any, help: str, choices: tuple | None = None, item_type: type = int, scope: tuple[str, ...] = ()
+) -> Any:
+    """A flag of a :func:`section`: its default, ``--help`` text, choices (None: any value), the item type
+    of a list flag and its scopes."""
+    return _Flag(default, help, choices, item_type, frozenset(scope))
+
+
+def section(group: str) -> Callable[[type], type]:
+    """Class decorator: the class becomes a dataclass whose :func:`flag` attributes are fields of the
+    ``--help`` group ``group``, each with its help, group, choices, item type and scopes in ``metadata``."""
+
+    def make(cls: type) -> type:
+        for name, spec in list(vars(cls).items()):
+            if isinstance(spec, _Flag):
+                meta = {"help": spec.help, "group": group, "choices": spec.choices, "item_type": spec.item_type}
+                meta["scope"] = spec.scope
+                if isinstance(spec.default, list):  # a fresh list per instance
+                    f = field(default_factory=lambda d=spec.default: list(d), metadata=meta)
+                else:
+                    f = field(default=spec.default, metadata=meta)
+                setattr(cls, name, f)
+        return dataclass(cls)
+
+    return make
+
+
+@section(BASIC)
+class BasicFlags:
+    env: str = flag(
+        "CartPole-v1",
+        "Environment: a gymnasium id (also 'module:Id'), or a name given to register_env",
+        scope=(FIXED,),
+    )
+    experiment: str = flag("default_experiment", "Experiment name; results go to train_dir/experiment", scope=(LAUNCH,))
+    train_dir: str = flag("./train_dir", "Root folder of all experiments", scope=(LAUNCH, PER_NODE))
+    restart_behavior: str = flag(
+        "resume",
+        "resume: continue from the latest checkpoint of the experiment; restart: move the old experiment "
+        "folder aside and start anew; overwrite: delete it and start anew",
+        ("resume", "restart", "overwrite"),
+        scope=(LAUNCH,),
+    )
+    device: str = flag(
+        "gpu",
+        "Device of the learner and inference workers: gpu (falls back to cpu when CUDA is not available) or cpu",
+        ("gpu", "cpu"),
+        scope=(LAUNCH,),
+    )
+    seed: int | None = flag(
+        None,
+        "Seed of the model initialisation and of the environments (random when not given)",
+        scope=(PER_NODE,),
+    )
+
+
+@section(SAMPLING)
+class SamplingFlags:
+    num_workers: int = flag(
+        os.cpu_count() or 1,
+        "Rollout worker processes on this machine; the default is the number of CPU cores",
+        scope=(PER_NODE,),
+    )
+    num_envs_per_worker: int = flag(2, "Environments stepped by each rollout worker")
+    worker_num_splits: int = flag(
+        2,
+        "Groups the envs of a worker are split into for double-buffered sampling: while one group waits "
+        "for actions the other steps. Must divide num_envs_per_worker",
+    )
+    policy_workers_per_policy: int = flag(
+        1, "Inference worker processes per policy; rollout workers are assigned to them round-robin"
+    )
+    rollout: int = flag(32, "Length of the trajectories written to the trajectory buffer, in env steps")
+    recurrence: int = flag(
+        -1,
+        "Length of the sequences the learner re-runs the recurrent core over (backpropagation through time); "
+        "-1: rollout with --use_rnn, else 1. Must divide rollout",
+    )
+    num_batches_to_accumulate: int = flag(
+        2,
+        "How many training iterations of finished trajectories the rollout workers may hold beyond the one "
+        "the learner is taking (their spare buffer slots). When sampling outruns the learner, the policy lag "
+        "grows with it: 1 keeps the experience fresher, 2 keeps the learner fed",
+    )
+    max_policy_lag: int = flag(
+        1000,
+        "Trajectories whose oldest action is more than this many policy versions old are dropped (and counted)",
+    )
+    learner_threads: int = flag(
+        0,
+        "torch threads of each learner replica. 0: start with the cores left when every rollout and inference "
+        "worker of the node holds one (at least 1), then, at the first summary 30 s in, set them once from the "
+        "measured load: the replica's share of the cores minus what its workers kept busy (kept when the "
+        "learner waits > 10%%)",
+    )
+    set_workers_cpu_affinity: bool = flag(
+        True,
+        "Pin each rollout worker to one CPU core: worker i of the node (counted over its device groups) goes to "
+        "the (i mod n)-th of the n cores this process may use (os.sched_getaffinity: all cores, or those of "
+        "taskset or a Slurm allocation), when the workers spread evenly: at most one per core, or a multiple of n",
+    )
+    default_niceness: int = flag(
+        0,
+        "Niceness of the learner (Sample Factory's flag); inference workers run 2 and rollout workers 10 above "
+        "it when there is more than one rollout worker, so that on a busy machine the learner keeps its core. "
+        "0 leaves the learner as started; below the current niceness needs privileges",
+    )
+    env_frameskip: int = flag(
+        1,
+        "Frames covered by one env step, for counting env frames (gymnasium envs: 1; atari_* and doom_*: 4 "
+        "unless given)",
+    )
+    env_backend: str = flag(
+        "gymnasium",
+        "How rollout workers step their envs: gymnasium (one env object each, a Python loop) or envpool (one "
+        "EnvPool per split of a worker, one C++ call; atari_* and mujoco_*, extra [envpool])",
+        ("gymnasium", "envpool"),
+    )
+    atari_sticky_actions: bool = flag(
+        False,
+        "atari_*: sticky actions (the previous action repeats with probability 0.25, Machado et al. 2018)",
+    )
+    atari_full_action_space: bool = flag(
+        False, "atari_*: the full set of 18 actions instead of the game's minimal set", scope=(FIXED,)
+    )
+    res_w: int = flag(128, "doom_*: width of the observation after the resize, in pixels (Sample Factory's flag)")
+    res_h: int = flag(72, "doom_*: height of the observation after the resize, in pixels (Sample Factory's flag)")
+    wide_aspect_ratio: bool = flag(
+        False,
+        "doom_*: the engine renders at 256x144 (a wider field of view, slower) instead of 160x120, before the "
+        "resize to res_w x res_h (Sample Factory's flag and resolutions)",
+    )
+    unity_env_path: str | None = flag(
+        None,
+        "unity_*: the executable of a built Unity ML-Agents scene (one Unity process per env, ports by env index)",
+    )
+    summaries_use_frameskip: bool = flag(
+        True, "Count env frames (steps x frameskip) in the step budget, the curves' x-axis and FPS"
+    )
+
+
+@section(LEARNING)
+class LearningFlags:
+    batch_size: int = flag(
+        1024,
+        "Samples per minibatch of one learner replica; with N device groups the effective batch is "
+        "batch_size x N. Must be a multiple of rollout",
+    )
+    num_batches_per_epoch: int = flag(
+        1, "Minibatches per epoch; one training iteration consumes batch_size x num_batches_per_epoch samples"
+    )
+    num_epochs: int = flag(1, "Passes over the iteration's samples")
+    ppo_clip_ratio: float = flag(
+        0.1, "PPO clip: the ratio is clipped to [1/(1+eps), 1+eps] (Sample Factory's convention)"
+    )
+    ppo_clip_value: float = flag(
+        1.0, "Clip of the value change in the clipped value loss (in normalised units with normalize_returns)"
+    )
+    value_loss_coeff: float = flag(0.5, "Coefficient of the value loss")
+    exploration_loss_coeff: float = flag(0.003, "Coefficient of the exploration loss")
+    exploration_loss: str = flag(
+        "entropy",
+        "entropy: maximise the policy's entropy; symmetric_kl (discrete actions): minimise the symmetric KL "
+        "divergence between the policy and the uniform distribution, 0.5 (KL(pi||U) + KL(U||pi)), clipped at 30, "
+        "which pushes harder away from deterministic policies (Sample Factory's choice for VizDoom)",
+        ("entropy", "symmetric_kl"),
+    )
+    learning_rate: float = flag(1e-4, "Adam learning rate")
+    lr_schedule: str = flag(
+        "constant",
+        "constant; kl_adaptive_minibatch / kl_adaptive_epoch: divide the lr by 1.5 when the KL exceeds 2x "
+        "lr_schedule_kl_threshold, multiply it by 1.5 when it is below half of it, after each minibatch / epoch; "
+        "linear_decay: from learning_rate down to 0 at train_for_env_steps",
+        ("constant", "kl_adaptive_minibatch", "kl_adaptive_epoch", "linear_decay"),
+    )
+    lr_schedule_kl_threshold: float = flag(0.008, "KL target of the adaptive lr schedules")
+    lr_adaptive_min: float = flag(1e-6, "Lowest lr of the adaptive schedules")
+    lr_adaptive_max: float = flag(1e-2, "Highest lr of the adaptive schedules")
+    adam_eps: float = flag(1e-6, "Adam epsilon")
+    adam_beta1: float = flag(0.9, "Adam beta1")
+    adam_beta2: float = flag(0.999, "Adam beta2")
+    max_grad_norm: float = flag(4.0, "Gradients are clipped to this global L2 norm (0 disables clipping)")
+    gamma: float = flag(0.99, "Discount factor")
+    gae_lambda: float = flag(0.95, "GAE lambda (Schulman et al. 2016), used when with_vtrace is off")
+    with_vtrace: bool = flag(False, "Advantages and value targets by V-trace (Espeholt et al. 2018) instead of GAE")
+    vtrace_rho: float = flag(
+        1.0, "V-trace rho-bar: clip of the importance weights in the TD errors and policy gradient"
+    )
+    vtrace_c: float = flag(1.0, "V-trace c-bar: clip of the trace-cutting importance weights")
+    reward_scale: float = flag(1.0, "Rewards are multiplied by this before learning")
+    reward_clip: float = flag(1000.0, "Scaled rewards are clipped to [-reward_clip, reward_clip]")
+    value_bootstrap: bool = flag(
+        False,
+        "On a truncated (timed-out) episode add gamma x V(last state) to its last reward instead of treating "
+        "it as terminal",
+    )
+    normalize_input: bool = flag(
+        True,
+        "Normalise observations with a running mean and variance per element, clipped to [-5, 5]: vectors, and "
+        "images per pixel and channel after scaling to [0, 1] (as Sample Factory does). Without it images are "
+        "only scaled to [0, 1]",
+        scope=(FIXED,),
+    )
+    normalize_returns: bool = flag(
+        True, "Train the value head on returns normalised by a running mean and variance", scope=(FIXED,)
+    )
+    shuffle_minibatches: bool = flag(False, "Shuffle trajectories between minibatches of each epoch")
+
+
+@section(MODEL)
+class ModelFlags:
+    encoder_mlp_layers: list = flag(
+        [512, 512], "Hidden layer sizes of the MLP encoder for vector observations", scope=(FIXED,)
+    )
+    encoder_conv_architecture: str = flag(
+        "convnet_simple",
+        "Convolutional encoder for image observations (uint8, 3-D; the smallest dimension is the channels): "
+        "convnet_simple (32 8x8/4, 64 4x4/2, 128 3x3/2), convnet_atari (the Nature DQN: 32 8x8/4, 64 4x4/2, "
+        "64 3x3/1), resnet_impala (the IMPALA residual network: 16, 32, 32 channels, works on small images)",
+        ("convnet_simple", "convnet_atari", "resnet_impala"),
+        scope=(FIXED,),
+    )
+    encoder_conv_mlp_layers: list = flag(
+        [512], "Fully connected layers after the convolutional encoder", scope=(FIXED,)
+    )
+    encoder_custom: str | None = flag(
+        None,
+        "An encoder registered with msf.model.register_encoder, as 'module:name' (the module registers it at "
+        "import); replaces the MLP / conv encoder",
+        scope=(FIXED,),
+    )
+    use_rnn: bool = flag(
+        False,
+        "A recurrent core after the encoder; its state is kept per env in the trajectory buffer and reset at "
+        "episode ends",
+        scope=(FIXED,),
+    )
+    rnn_type: str = flag("gru", "Type of the recurrent core", ("gru", "lstm"), scope=(FIXED,))
+    rnn_size: int = flag(512, "Size of the recurrent core's state", scope=(FIXED,))
+    rnn_num_layers: int = flag(1, "Layers of the recurrent core", scope=(FIXED,))
+    nonlinearity: str = flag("elu", "Activation of the encoder", ("elu", "relu", "tanh"), scope=(FIXED,))
+    actor_critic_share_weights: bool = flag(
+        True, "One encoder for actor and critic (False: two separate encoders)", scope=(FIXED,)
+    )
+    policy_initialization: str = flag(
+        "orthogonal",
+        "Weight initialisation of the linear and convolutional layers (biases zero; the recurrent core keeps "
+        "torch's own)",
+        ("orthogonal", "xavier_uniform", "torch_default"),
+    )
+    policy_init_gain: float = flag(1.0, "Gain of the orthogonal / xavier initialisation")
+    initial_stddev: float = flag(1.0, "Initial standard deviation of the Gaussian action head (continuous actions)")
+
+
+@section(DISTRIBUTED)
+class DistributedFlags:
+    nproc_per_node: int | None = flag(
+        None,
+        "Device groups on this machine, each with its own learner replica (gradients averaged with DDP), "
+        "inference workers, trajectory buffer and share of the rollout workers. Default: one per visible GPU "
+        "with --device=gpu, else 1. With --device=cpu, N CPU device groups. The effective batch is "
+        "batch_size x world size",
+        scope=(LAUNCH,),
+    )
+    dist_timeout: int = flag(
+        300,
+        "Seconds a replica waits for the others (joining, and in every collective) before the job fails",
+    )
+    nnodes: int = flag(
+        1,
+        "Nodes (machines) in the job; world size = nnodes x nproc_per_node. Under torchrun or inside a Slurm "
+        "allocation it is read from their environment",
+    )
+    node_rank: int = flag(
+        0,
+        "This node's index in [0, nnodes): rank = node_rank x nproc_per_node + local_rank",
+        scope=(PER_NODE,),
+    )
+    hosts: str | None = flag(
+        None,
+        "Comma-separated host names or addresses of the nodes, in node-rank order (a static rendezvous): the "
+        "first one hosts the rendezvous and rank 0. Needs --nnodes=len(hosts)",
+    )
+    master_port: int = flag(
+        0,
+        "TCP port of the rendezvous, on the first host (one node: 127.0.0.1); 0: 29500 with several nodes, a "
+        "free port on one node",
+        scope=(LAUNCH,),
+    )
+    max_restarts: int = flag(
+        0,
+        "After a failure, restart the job's device groups from the last checkpoint up to this many times "
+        "(torchrun's meaning)",
+    )
+    ddp_check_interval: int = flag(
+        100,
+        "Iterations between checksums of every replica's parameters, optimiser state and normalisers (0: only "
+        "at start-up)",
+    )
+
+
+@section(POLICIES)
+class PolicyFlags:
+    num_policies: int = flag(
+        1,
+        "Policies trained at once; every device group holds a learner replica of each, and every agent of every "
+        "env is driven by one of them (see pbt_mix_policies_in_one_env)",
+        scope=(FIXED,),
+    )
+    pbt_mix_policies_in_one_env: bool = flag(
+        True,
+        "Draw a policy per agent (True) or one per env for all its agents (False); drawn again at the first "
+        "trajectory boundary after the env's episode ends",
+    )
+    with_pbt: bool = flag(False, "Population-based training over the num_policies policies (Jaderberg et al. 2017)")
+    pbt_period_env_steps: int = flag(
+        5_000_000,
+        "PBT: consider replacing policies every this many env steps (frames with summaries_use_frameskip)",
+    )
+    pbt_start_mutation: int = flag(
+        20_000_000, "PBT: no replacement before this many env steps (frames with summaries_use_frameskip)"
+    )
+    pbt_replace_fraction: float = flag(
+        0.3, "PBT: the worst this fraction of policies may be replaced by copies of the best this fraction"
+    )
+    pbt_mutation_rate: float = flag(0.15, "PBT: probability that each hyperparameter of a replaced policy is perturbed")
+    pbt_replace_reward_gap: float = flag(
+        0.1,
+        "PBT: replace only when the donor's objective beats the replaced policy's by this fraction of its "
+        "absolute value",
+    )
+    pbt_replace_reward_gap_absolute: float = flag(1e-6, "PBT: ... and by at least this much")
+    pbt_perturb_min: float = flag(
+        1.1,
+        "PBT: a perturbed hyperparameter is multiplied or divided by a factor drawn from [pbt_perturb_min, "
+        "pbt_perturb_max]",
+    )
+    pbt_perturb_max: float = flag(1.5, "PBT: see pbt_perturb_min")
+    pbt_target_objective: str = flag(
+        "true_objective",
+        "PBT: the statistic Sample Factory compares; accepted for its command lines, but msf optimises the mean "
+        "episode return of the last stats_avg episodes whatever the value (an env's info['true_objective'] is "
+        "not read)",
+        ("true_objective", "reward"),
+    )
+
+
+@section(STOPPING)
+class StoppingFlags:
+    train_for_env_steps: int = flag(
+        10_000_000_000, "Stop after this many env steps (env frames with summaries_use_frameskip)"
+    )
+    train_for_seconds: int = flag(10_000_000_000, "Stop after this many seconds of training")
+
+
+@section(PERSISTENCE)
+class PersistenceFlags:
+    save_every_sec: int = flag(120, "Seconds between checkpoints (one is also written at the end and on a clean stop)")
+    keep_checkpoints: int = flag(2, "Number of newest checkpoints kept")
+    save_milestones_sec: int = flag(
+        -1, "Keep a checkpoint every this many seconds forever, in checkpoint_p0/milestones (-1: never)"
+    )
+    save_best_every_sec: int = flag(5, "Seconds at least between two writes of the best checkpoint")
+    save_best_after: int = flag(
+        100_000,
+        "Keep the best checkpoint (checkpoint_p0/best_*.pth) only after this many env steps (frames with "
+        "summaries_use_frameskip)",
+    )
+    save_best_metric: str = flag(
+        "reward",
+        "Metric of the best checkpoint: reward (the mean episode return of the last stats_avg episodes, higher "
+        "is better)",
+        ("reward",),
+    )
+    experiment_summaries_interval: int = flag(10, "Seconds between TensorBoard summaries and log status lines")
+    stats_avg: int = flag(100, "Episodes averaged in episode_return_mean and the other episode statistics")
+    with_progress_bar: bool = flag(True, "Show a progress bar when the console is a terminal", scope=(LAUNCH, PER_NODE))
+    with_wandb: bool = flag(
+        False,
+        "Also log the summaries to Weights & Biases (pip install 'multi-sample-factory[wandb]'; "
+        "WANDB_MODE=offline works without an account)",
+    )
+    wandb_user: str | None = flag(None, "Weights & Biases entity (user or team); default: your default entity")
+    wandb_project: str = flag("multi_sample_factory", "Weights & Biases project")
+    wandb_group: str | None = flag(None, "Weights & Biases group (default: the env's name)")
+    wandb_job_type: str = flag("SF", "Weights & Biases job type")
+    wandb_tags: list = flag([], "Weights & Biases tags (space separated)", item_type=str)
