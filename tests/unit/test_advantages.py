@@ -24,14 +24,15 @@ def _inputs(seed: int):
 
 
 def _gae_reference(r, v, d, gamma, lam):
-    """Schulman et al. 2016 eq. 16: A_t = sum_l (gamma lambda)^l delta_{t+l}, stopping at the first end at or after t."""
+    """Schulman et al. 2016 eq. 16: A_t = sum_k (gamma lambda)^k delta_{t+k}, stopping at the first end at or
+    after t."""
     adv = np.zeros_like(r)
     for b in range(r.shape[0]):
         delta = [r[b, t] + gamma * (1.0 - d[b, t]) * v[b, t + 1] - v[b, t] for t in range(T)]
         for t in range(T):
             ends = [k for k in range(t, T) if d[b, k]]
             last = ends[0] if ends else T - 1
-            adv[b, t] = sum((gamma * lam) ** l * delta[t + l] for l in range(last - t + 1))
+            adv[b, t] = sum((gamma * lam) ** k * delta[t + k] for k in range(last - t + 1))
     return adv
 
 
