@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -63,7 +64,7 @@ def test_interrupted_and_resumed_run_ends_within_one_batch_of_the_budget_with_co
     assert s2["status"] == "done"
     assert budget <= s2["env_steps"] < budget + SMALL_BATCH  # like an uninterrupted run: < one global batch past
     assert s2["train_steps"] > s1["train_steps"] and s2["episodes"] > s1["episodes"]
-    assert "resumed from" in (train_dir / "life" / "log.txt").read_text()
+    assert s2["resumed_from_env_steps"] == stopped_at
 
     # the curves: one point per summary, no overlap, and the resumed run continues where the first stopped
     curves = read_curves(str(train_dir / "life"))
@@ -130,13 +131,83 @@ def test_flags_on_resume_override_with_a_warning_and_fixed_flags_are_refused(tra
     cfg = json.loads((exp / "config.json").read_text())
     assert cfg["learning_rate"] == 1e-3 and cfg["batch_size"] == 512  # overridden, and kept from the saved config
     # a changed lr is applied to a resumed run too, not the checkpoint's
+    before = read_summary(train_dir, "ov")["env_steps"]
     r = run_msf(
         ["--experiment=ov", f"--train_dir={train_dir}", "--learning_rate=2e-3", "--train_for_env_steps=4000"],
         timeout=120,
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "resumed from" in (exp / "log.txt").read_text()
+    assert read_summary(train_dir, "ov")["resumed_from_env_steps"] == before
     assert read_curves(str(exp))["train/lr"].values[-1] == pytest.approx(2e-3)
+
+
+def _experiment_with_a_checkpoint(train_dir, name: str, env_steps: int, **flags):
+    """An experiment folder as a run of ``flags`` leaves it: config.json and one readable checkpoint at
+    ``env_steps`` (made here, without training). Returns (folder, checkpoint path, command line)."""
+    from msf.cfg.config import Derived
+    from msf.envs.registry import env_config_of, env_spaces
+    from msf.learning.learner import Learner
+    from msf.persistence.checkpoint import save_checkpoint
+    from msf.persistence.train_state import TrainState
+
+    cfg = Config(env="CartPole-v1", experiment=name, train_dir=str(train_dir), **flags)
+    exp = train_dir / name
+    exp.mkdir(parents=True)
+    (exp / "config.json").write_text(json.dumps(cfg.to_dict()))
+    learner = Learner(cfg, Derived.of(cfg), env_spaces(cfg.env, env_config_of(cfg)), "cpu")
+    state = TrainState.fresh(1, cfg.stats_avg)
+    state.env_steps = env_steps
+    path = save_checkpoint(state.capture(0, learner, cfg.to_dict(), 1), str(exp), keep=cfg.keep_checkpoints)
+    args = [f"--experiment={name}", f"--train_dir={train_dir}"]
+    return exp, Path(path), args
+
+
+def _cut_short(path: Path, newer_by: int = 0) -> Path:
+    """A copy of the checkpoint at ``path``, cut in half, ``newer_by`` train steps newer (0: in its place)."""
+    st = torch.load(path, weights_only=True)
+    out = path.with_name(f"checkpoint_{st['train_step'] + newer_by:09d}_{st['env_steps'] + newer_by}.pth")
+    data = path.read_bytes()
+    out.write_bytes(data[: len(data) // 2])
+    return out
+
+
+def test_a_resume_whose_only_checkpoint_is_unreadable_is_refused_and_changes_nothing(train_dir):
+    exp, ckpt, args = _experiment_with_a_checkpoint(train_dir, "only", 50_000, num_workers=1, num_envs_per_worker=2)
+    _cut_short(ckpt)
+    before = _files(exp)
+    r = run_msf(args, timeout=60)
+    assert r.returncode == 2, r.stderr[-3000:]  # not a silent start from step 0
+    (line,) = r.stderr.strip().splitlines()  # one line: the file and why it cannot be read
+    assert line.startswith("msf-train: error: --restart_behavior=resume: no checkpoint of 'only' is readable")
+    assert f"{ckpt} (RuntimeError: " in line and "--restart_behavior=restart starts it anew" in line
+    assert _files(exp) == before  # nothing renamed, nothing written (no log.txt, no config.json rewritten)
+
+
+def test_a_resume_sets_an_unreadable_newest_checkpoint_aside_says_why_once_and_continues(train_dir):
+    """Two ranks, one log line: msf-train reads the checkpoints before it spawns them."""
+    flags = dict(num_workers=2, num_envs_per_worker=4, batch_size=256, encoder_mlp_layers=[32])
+    exp, good, args = _experiment_with_a_checkpoint(train_dir, "aside", 1000, **flags)
+    bad = _cut_short(good, newer_by=1)
+    r = run_msf([*args, "--nproc_per_node=2", "--train_for_env_steps=3000"], timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = read_summary(train_dir, "aside")
+    assert s["status"] == "done" and s["world_size"] == 2 and s["resumed_from_env_steps"] == 1000
+    assert not bad.exists() and bad.with_name(bad.name + ".bad").exists()
+    # the good checkpoint survives the rotation (--keep_checkpoints=2), which the broken, newer file would have won
+    assert good.exists()
+    log = (exp / "log.txt").read_text()
+    expected = f"checkpoint {bad} is unreadable (RuntimeError: "
+    assert log.count(expected) == 1 and r.stderr.count(expected) == 1, log
+    assert f"set aside as {bad.name}.bad; resuming from {good}" in log
+
+
+def test_the_summary_gives_the_current_lr_of_an_adaptive_schedule_beside_the_configured_one(trained_cartpole):
+    """The run's kl_adaptive_epoch schedule (the small-env flags) moved the lr from --learning_rate=3e-4."""
+    s = json.loads((trained_cartpole / "summary.json").read_text())["policies"]["0"]
+    final = sorted((trained_cartpole / "checkpoint_p0").glob("checkpoint_*.pth"))[-1]
+    lr = torch.load(final, weights_only=True)["lr"]
+    assert s["hyperparameters"]["learning_rate"] == 3e-4  # as configured
+    assert s["learning_rate_current"] == lr != 3e-4  # the optimiser's, as the final checkpoint holds it
 
 
 def test_best_checkpoint_holds_the_best_mean_return(trained_cartpole):
@@ -179,7 +250,11 @@ def test_enjoy_a_trained_agent_with_a_video(trained_cartpole):
     assert first.shape == (400, 600, 3) and first.std() > 10  # CartPole's 600x400 picture, not a blank frame
 
 
-def test_enjoy_falls_back_from_a_truncated_checkpoint_and_loads_the_best(trained_cartpole, tmp_path):
+def _files(folder) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_enjoy_falls_back_from_a_truncated_checkpoint_leaves_it_in_place_and_loads_the_best(trained_cartpole, tmp_path):
     exp = tmp_path / "copy" / trained_cartpole.name
     shutil.copytree(trained_cartpole, exp)
     (older,) = sorted((exp / "checkpoint_p0").glob("checkpoint_*.pth"))[-1:]
@@ -187,13 +262,17 @@ def test_enjoy_falls_back_from_a_truncated_checkpoint_and_loads_the_best(trained
     newer = exp / "checkpoint_p0" / f"checkpoint_{st['train_step'] + 1:09d}_{st['env_steps'] + 1}.pth"
     data = older.read_bytes()
     newer.write_bytes(data[: len(data) // 2])  # a checkpoint cut short
+    (exp / "eval.json").unlink(missing_ok=True)
+    before = _files(exp)
     base = ["--env=CartPole-v1", f"--experiment={exp.name}", f"--train_dir={exp.parent}", "--max_num_episodes=1"]
     r = run_tool("msf.enjoy", base)
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads((exp / "eval.json").read_text())["checkpoint"] == str(older)
-    assert f"checkpoint {newer} is unreadable" in r.stderr
-    # the broken file is kept aside, out of the rotation that would otherwise delete the good one
-    assert not newer.exists() and newer.with_name(newer.name + ".bad").exists()
+    warning = f"checkpoint {newer} is unreadable ("
+    assert warning in r.stderr and r.stderr.split(warning, 1)[1][0] != ")"  # with its reason
+    # an evaluation reads: the user's files stay as they were (only msf-train sets a broken one aside)
+    after = _files(exp)
+    assert after.pop("eval.json") and after == before
     r = run_tool("msf.enjoy", [*base, "--load_checkpoint_kind=best"])
     assert r.returncode == 0, r.stderr[-3000:]
     assert "/best_" in json.loads((exp / "eval.json").read_text())["checkpoint"]

@@ -148,8 +148,62 @@ def test_the_summary_holds_the_runs_figures():
         "num_policies",
         "policies",
         "pbt_replacements",
+        "resumed_from_env_steps",
     } == s.keys()
     assert (s["status"], s["env_steps"], s["episodes"], s["dropped_trajectories"]) == ("done", 3000, 2, 1)
     assert s["fps"] == 300.0 and s["episode_return_mean"] == 5.0 and s["episode_length_mean"] == 50.0
     assert set(s["policies"]) == {"0", "1"}
     assert s["policies"]["1"]["episode_return_mean"] is None and s["policies"]["1"]["empty_batches"] == 3
+
+
+def test_the_summary_reports_the_current_lr_beside_the_configured_one():
+    """A kl_adaptive schedule moves the lr away from --learning_rate: summary.json gives both, and the current one
+    is the checkpoint's ``lr``."""
+    import math
+
+    cfg = Config(
+        encoder_mlp_layers=[8],
+        batch_size=8,
+        rollout=4,
+        num_workers=1,
+        num_envs_per_worker=2,
+        num_batches_per_epoch=2,
+        learner_threads=1,
+        learning_rate=3e-3,
+        lr_schedule="kl_adaptive_minibatch",
+        lr_schedule_kl_threshold=1.0,  # every minibatch's KL is below half of it: the lr goes up by 1.5 each time
+    )
+    derived = Derived.of(cfg)
+    torch.manual_seed(0)
+    learner = Learner(cfg, derived, SPACES, "cpu")
+    B, T = derived.trajectories_per_iteration, cfg.rollout
+    learner.train(
+        {
+            "obs": torch.randn(B, T + 1, 3),
+            "actions": torch.randint(0, 2, (B, T)),
+            "log_probs": torch.full((B, T), math.log(0.5)),
+            "values": torch.zeros(B, T),
+            "rewards": torch.randn(B, T),
+            "dones": torch.zeros(B, T, dtype=torch.uint8),
+            "time_outs": torch.zeros(B, T, dtype=torch.uint8),
+            "policy_versions": torch.zeros(B, T, dtype=torch.int64),
+        }
+    )
+    state = TrainState.fresh(1, cfg.stats_avg)
+    rep = Reporter(
+        cfg,
+        derived,
+        RankInfo(),
+        state,
+        [learner],
+        [RolloutCounters()],
+        [InferenceCounters()],
+        Points(),
+        Collectives(),
+        100.0,
+        Clock(100.0),
+    )
+    policy = rep.summary("done", wall=1.0)["policies"]["0"]
+    assert policy["hyperparameters"]["learning_rate"] == 3e-3  # the configured one, as given
+    assert policy["learning_rate_current"] == pytest.approx(3e-3 * 1.5**2)  # two minibatches moved it
+    assert policy["learning_rate_current"] == state.capture(0, learner, cfg.to_dict(), 1)["lr"]

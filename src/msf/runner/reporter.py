@@ -85,6 +85,9 @@ class Reporter:
         self.global_stats: dict[str, Any] = {}
         self.summary_frames: int | None = None
         self.threads_tuned = cfg.learner_threads > 0  # a given number is kept
+        # the start-up of this group's envs (:meth:`startup_progress`): seconds until every one had started
+        self.envs_started_after_s: float | None = None
+        self.startup_noted = start_time
         self.progress = Progress(cfg.train_for_env_steps, cfg.with_progress_bar and rank.is_main, initial=self.frames)
 
     @property
@@ -132,6 +135,39 @@ class Reporter:
         dt = max(now - t0, 1e-9)
         counts = (max(len(self.rollout_wait), 1), max(len(self.inference_stats), 1), 1)
         return [min(1.0, (a - b) / (dt * n)) for a, b, n in zip(totals, before, counts)]
+
+    STARTUP_NOTE_S = 10.0
+
+    def startup_progress(self) -> None:
+        """Until every env of this device group has started (made and reset once): every 10 s, log how far the
+        start-up is; once all have, log how long it took (``envs_started_after_s`` in ``summary.json``). 160
+        ViZDoom games on 2 cores took 5 minutes to start, and nothing was printed meanwhile."""
+        if self.envs_started_after_s is not None:
+            return
+        now, n = self.clock(), self.cfg.num_envs_per_worker
+        total = n * len(self.rollout_wait)
+        started = sum(min(c.envs_started, n) for c in self.rollout_wait)
+        if started >= total:
+            self.envs_started_after_s = now - self.start_time
+            log.info(
+                "all %d environments of %d rollout worker(s) started, %.1f s after the workers were spawned",
+                total,
+                len(self.rollout_wait),
+                self.envs_started_after_s,
+            )
+            return
+        if now - self.startup_noted >= self.STARTUP_NOTE_S:
+            self.startup_noted = now
+            log.info(
+                "starting the environments: %d of %d made, %d started; %d of %d rollout worker(s) ready "
+                "(%.0f s since the workers were spawned)",
+                sum(min(c.envs_made, n) for c in self.rollout_wait),
+                total,
+                started,
+                sum(c.envs_started >= n for c in self.rollout_wait),
+                len(self.rollout_wait),
+                now - self.start_time,
+            )
 
     def show_progress(self) -> None:
         """Rank 0 moves the progress bar (a terminal only)."""
@@ -289,7 +325,11 @@ class Reporter:
                 "policy_version": learner.policy_version,
                 "policy_lag_mean": ps.get("lag_mean", pr.lag[1]),
                 "best_metric": c.policies[p].best_metric,
+                # the configured base (a PBT-perturbed one included) ...
                 "hyperparameters": learner.hyperparameters(),
+                # ... and the lr the optimiser holds now, which a kl_adaptive or linear_decay schedule moves away
+                # from it (the checkpoint's "lr"); reported alone, the base was mistaken for the current one
+                "learning_rate_current": learner.lr,
                 "empty_batches": ps.get("empty_batches", pr.empty_batches),
             }
             for p, (learner, pr, ps) in enumerate(zip(self.learners, self.policies, per_policy))
@@ -320,6 +360,11 @@ class Reporter:
             "num_policies": cfg.num_policies,
             "policies": policies,
             "pbt_replacements": c.pbt_replacements,
+            # seconds from spawning the workers until every env of rank 0's device group had started (None:
+            # the run ended before)
+            "envs_started_after_s": self.envs_started_after_s,
+            # the env steps of the checkpoint this run resumed from (None: it started from scratch)
+            "resumed_from_env_steps": c.resumed_env_steps,
         }
 
 
@@ -333,12 +378,27 @@ def retune_learner_threads(waits: Sequence[float], n_rollout: int, n_inference: 
     after = auto_learner_threads(cores, n_rollout, rollout_wait, n_inference, inference_wait, learner_wait, before)
     if after != before:
         torch.set_num_threads(after)
-    log.info(
-        "learner: %d torch thread(s) from now on, was %d (the workers kept %.2f of %.2f cores busy, the "
-        "learner waited %.0f%% of the time; --learner_threads=N fixes the number)",
-        after,
-        before,
-        n_rollout * (1 - rollout_wait) + n_inference * (1 - inference_wait),
-        cores,
-        100 * learner_wait,
+    log.info("learner: %s", learner_threads_note(after, before, waits, n_rollout, n_inference, cores))
+
+
+def learner_threads_note(
+    after: int, before: int, waits: Sequence[float], n_rollout: int, n_inference: int, cores: float
+) -> str:
+    """What the log says of the learner's new thread count: the workers' busy time is ``n x (1 - wait share)``
+    per kind, and it means cores only when it fits into them. When it does not (16 workers on 2 cores), the
+    time not spent waiting includes the time spent waiting for a core, and "16.52 of 2.00 cores busy" was
+    printed: then the cores are said to be oversubscribed instead."""
+    rollout_wait, inference_wait, learner_wait = waits
+    busy = n_rollout * (1 - rollout_wait) + n_inference * (1 - inference_wait)
+    if busy <= cores:
+        load = f"the workers kept {busy:.2f} of {cores:.2f} cores busy"
+    else:
+        load = (
+            f"{n_rollout + n_inference} workers on {cores:.2f} cores, not waiting for each other "
+            f"{100 * (1 - rollout_wait):.0f}% (rollout) and {100 * (1 - inference_wait):.0f}% (inference) of the "
+            "time: the cores are oversubscribed"
+        )
+    return (
+        f"{after} torch thread(s) from now on, was {before} ({load}; the learner waited {100 * learner_wait:.0f}% "
+        "of the time; --learner_threads=N fixes the number)"
     )
