@@ -1,3 +1,83 @@
 """multi-sample-factory: asynchronous PPO (APPO) with a data-parallel learner."""
 
+import sys as _sys
+
 __version__ = "0.1.0"
+
+INTERRUPTED_BEFORE_TRAINING = "msf-train: interrupted before training began: nothing was trained or saved"
+"""The one line ``msf-train`` prints when a SIGINT ends it before training began (exit code 130)."""
+
+
+def _is_msf_train() -> bool:
+    """True in the process of ``msf-train`` or ``python -m msf.train`` while this package is first imported; False in
+    the worker processes (``python -c ...``) and in a program that imports msf."""
+    import os
+
+    if _sys.argv and os.path.basename(_sys.argv[0]) == "msf-train":
+        return True
+    if _sys.argv[:1] != ["-m"]:  # runpy names the module in argv[0] only after importing its package
+        return False
+    args = getattr(_sys, "orig_argv", [])
+    for i, a in enumerate(args[1:], 1):
+        if a.startswith("-m"):
+            return (a[2:] or (args[i + 1] if i + 1 < len(args) else "")) == "msf.train"
+    return False
+
+
+def _end_early_interrupts_with_130() -> None:
+    """From msf's first line, a SIGINT (also where the parent left it ignored, as a script's background job
+    inherits it) ends ``msf-train`` with :data:`INTERRUPTED_BEFORE_TRAINING` and exit code 130.
+
+    ``msf.train.main`` catches a Ctrl-C itself, but the imports of ``msf.train`` come before it runs: a
+    Ctrl-C there (0.6-0.8 s after the start on a loaded machine) escaped as ``KeyboardInterrupt``, and Python
+    printed a traceback and ended the process by SIGINT (exit code -2). A SIGINT earlier still, while the
+    interpreter itself starts, is Python's alone to handle.
+    """
+    import atexit
+    import os
+    import signal
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    atexit.register(_exit_130_if_interrupted)  # registered first, so it runs last (multiprocessing's runs before)
+    previous = _sys.excepthook
+
+    def hook(kind, value, tb) -> None:
+        if issubclass(kind, KeyboardInterrupt):
+            print(INTERRUPTED_BEFORE_TRAINING, file=_sys.stderr, flush=True)
+            os._exit(130)
+        previous(kind, value, tb)
+
+    _sys.excepthook = hook
+
+
+_interrupted: list[bool] = []
+
+
+def end_as_interrupted() -> None:
+    """``msf.train.main`` returns 130: a SIGINT ended the start-up. Then :func:`_exit_130_if_interrupted` makes
+    sure that the process's exit code is 130."""
+    _interrupted.append(True)
+
+
+def _exit_130_if_interrupted() -> None:
+    """At exit (the last handler), end with 130 where a SIGINT ended the start-up.
+
+    CPython (3.11) marks a ``KeyboardInterrupt`` as unhandled whenever one leaves code that ``exec`` ran from a
+    string, even if it is caught further up; dataclasses and named tuples build their methods that way, and
+    torch's import builds hundreds. Under ``python -m`` the interpreter then ends itself by SIGINT after its
+    finalization (exit code -2) instead of with the 130 that ``main`` returned: 2 of 14 Ctrl-Cs during the
+    import of torch did.
+    """
+    if _interrupted:
+        import os
+
+        for stream in (_sys.stdout, _sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # closed
+                pass
+        os._exit(130)
+
+
+if _is_msf_train():
+    _end_early_interrupts_with_130()

@@ -235,20 +235,28 @@ def _load_checkpoint(cfg: Config, ev: EvalArgs, exp_dir: str) -> dict:
     Raises:
         ConfigError: the index is out of range, or there is no readable checkpoint of that kind.
     """
-    from msf.persistence.checkpoint import load_latest_checkpoint
+    from msf.persistence.checkpoint import scan_checkpoints
 
     if not 0 <= ev.policy_index < cfg.num_policies:
         raise ConfigError(
             f"--policy_index: must be in [0, {cfg.num_policies}) for {cfg.experiment!r} "
             f"(trained with --num_policies={cfg.num_policies}), got {ev.policy_index}"
         )
-    state = load_latest_checkpoint(exp_dir, policy=ev.policy_index, kind=ev.load_checkpoint_kind)
-    if state is None:
+    # An evaluation reads: a broken file stays where it is (only msf-train sets one aside, when it resumes).
+    scan = scan_checkpoints(exp_dir, policy=ev.policy_index, kind=ev.load_checkpoint_kind)
+    unreadable = "".join(f"; {path} is unreadable ({reason})" for path, reason in scan.unreadable)
+    if scan.state is None:
         raise ConfigError(
             f"--load_checkpoint_kind: no readable {ev.load_checkpoint_kind} checkpoint in "
-            f"{os.path.join(exp_dir, f'checkpoint_p{ev.policy_index}')}"
+            f"{os.path.join(exp_dir, f'checkpoint_p{ev.policy_index}')}{unreadable}"
         )
-    return state
+    for path, reason in scan.unreadable:
+        print(
+            f"msf-enjoy: warning: checkpoint {path} is unreadable ({reason}); playing the previous one, "
+            f"{scan.state['path']} (the file is left as it is)",
+            file=sys.stderr,
+        )
+    return scan.state
 
 
 def _render_mode(ev: EvalArgs) -> str | None:

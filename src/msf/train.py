@@ -30,12 +30,14 @@ given on the command line override it (with a warning), except those that fix th
 normalisers), which cannot change; --device and --nproc_per_node are taken anew at each launch. Several nodes:
 --nnodes/--node_rank/--hosts on every node, or run under torchrun, or srun inside a Slurm allocation
 (torch.distributed traffic is unauthenticated: keep it on a trusted network). Watch the run with tensorboard
---logdir TRAIN_DIR, plot it with msf-plot, evaluate it with msf-enjoy. Ctrl-C or SIGTERM stops cleanly with a
-final checkpoint; a second Ctrl-C exits at once. Exit codes: 0 done or stopped, 1 failed, 2 invalid flags."""
+--logdir TRAIN_DIR, plot it with msf-plot, evaluate it with msf-enjoy. Ctrl-C, SIGTERM or a SIGINT to this
+process (kill -INT) stops cleanly with a final checkpoint; a second Ctrl-C exits at once. Exit codes: 0 done or
+stopped, 1 failed, 2 invalid flags, 130 interrupted (a second Ctrl-C, or one before training began)."""
 
 
-def check_model(cfg, spaces) -> None:
-    """Build the model once here, so that a model that cannot fit the observations fails before spawning.
+def check_model(cfg, spaces):
+    """Build the model once here, so that a model that cannot fit the observations fails before spawning;
+    return it.
 
     Raises:
         ConfigError: naming the encoder flag.
@@ -64,40 +66,122 @@ def check_model(cfg, spaces) -> None:
             "and the divergence from the uniform distribution is unbounded for a masked action: use "
             "--exploration_loss=entropy"
         )
+    return model
+
+
+SHM_DIR = "/dev/shm"  # where torch's CPU shared memory (shm_open) lives on Linux
+
+
+def shm_free_bytes(path: str = SHM_DIR) -> int | None:
+    """Free bytes on the file system of ``path`` (None: there is none, not Linux). Looked up by name at each
+    call: the tests replace it to simulate a small /dev/shm."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def shared_memory_bytes(cfg: Config, spaces: EnvSpaces, model) -> tuple[int, int]:
+    """What this node's device groups allocate in shared memory, in bytes: (trajectory buffers, published
+    weights), each tensor rounded up to whole pages (a tensor is one shared-memory file)."""
+    from msf.cfg.config import Derived
+    from msf.distributed.topology import RankInfo
+    from msf.runner.device_group import rank_config
+    from msf.sampling.published_weights import PublishedWeights
+    from msf.sampling.trajectory_buffer import TrajectoryBuffer
+
+    page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+    def pages(n: int) -> int:
+        return -(-n // page) * page
+
+    buffers = 0
+    for local_rank in range(cfg.nproc_per_node):
+        group_cfg = rank_config(cfg, RankInfo(local_rank=local_rank, nproc_per_node=cfg.nproc_per_node))
+        layout = TrajectoryBuffer.layout(group_cfg, Derived.of(group_cfg, spaces.num_agents), spaces)
+        buffers += sum(pages(TrajectoryBuffer.tensor_bytes(shape, dtype)) for shape, dtype in layout.values())
+    weights = sum(pages(n) for n in PublishedWeights.tensor_bytes(model)) * cfg.num_policies * cfg.nproc_per_node
+    return buffers, weights
+
+
+def check_shared_memory(cfg: Config, spaces: EnvSpaces, model) -> None:
+    """Refuse a run whose trajectory buffers and published weights do not fit into /dev/shm's free space, before
+    anything is allocated: torch's allocation failed seconds into the start-up with a bare "No space left on
+    device", and left a shared-memory file of the buffer's size behind in /dev/shm.
+
+    Raises:
+        ConfigError: with what is needed, what is free and what to change.
+    """
+    free = shm_free_bytes()
+    if free is None:
+        return
+    buffers, weights = shared_memory_bytes(cfg, spaces, model)
+    if buffers + weights <= free:
+        return
+    mib = 2**20
+    suggest = -(-(buffers + weights) // (256 * mib)) * 256  # MiB, a multiple of 256
+    groups = f"{cfg.nproc_per_node} device groups x " if cfg.nproc_per_node > 1 else ""
+    raise ConfigError(
+        f"--num_envs_per_worker: not enough shared memory: this run needs {(buffers + weights) / mib:.1f} MiB in "
+        f"{SHM_DIR} ({groups}trajectory buffer {buffers / mib:.1f} MiB for {cfg.num_workers} rollout workers x "
+        f"{cfg.num_envs_per_worker} envs x --rollout={cfg.rollout}, published weights {weights / mib:.1f} MiB), "
+        f"and {free / mib:.1f} MiB is free there: give it more (in Docker: --shm-size={suggest}m), or use fewer "
+        "--num_workers or --num_envs_per_worker, or a shorter --rollout"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse, validate and resolve (before any process is spawned), train; return the exit code."""
     import signal
 
+    from msf import INTERRUPTED_BEFORE_TRAINING, end_as_interrupted
+
     # a Ctrl-C before training begins ends the run at once (exit 130), even where the shell started
-    # this process with SIGINT ignored (a background job of a script)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    # this process with SIGINT ignored (a background job of a script); msf/__init__.py does the same for the
+    # imports before this line. Once a device group runs, its own handler takes over (a clean stop).
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return _main(argv)
     except KeyboardInterrupt:
-        print("msf-train: interrupted before training began: nothing was trained or saved", file=sys.stderr)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C now would break the one line below
+        print(INTERRUPTED_BEFORE_TRAINING, file=sys.stderr)
+        end_as_interrupted()
         return 130
+    finally:
+        if old is not None:  # None: not a handler set from Python
+            signal.signal(signal.SIGINT, old)
 
 
 def _main(argv: list[str] | None) -> int:
     cfg, given = parse_args(argv, description=DESCRIPTION)
     try:
         cfg, spaces, plan, changes = prepare(cfg, given)
+        from msf.runner.experiment import check_checkpoints
+
+        # one process per node prepares the folder (no shared file system is assumed), and only it moves files
+        prepares_dir = plan.launcher == "local" or plan.local_rank == 0
+        # Read here, before anything is spawned or written: the ranks used to find no readable checkpoint and
+        # start from step 0 (exit 0), and whichever rank renamed a broken file first was the only one to log it.
+        set_aside = check_checkpoints(cfg, move=prepares_dir)
     except ConfigError as e:
         for line in e.problems:
             print(f"msf-train: error: {line}", file=sys.stderr)
         return 2
+    for line in start_warnings(cfg, plan, changes):
+        print(line, file=sys.stderr)
     from msf.persistence.summaries import setup_logging
     from msf.runner.experiment import prepare_experiment_dir, wait_for_experiment_dir
 
-    if plan.launcher == "local" or plan.local_rank == 0:
-        exp_dir = prepare_experiment_dir(cfg)  # one process per node: no shared file system is assumed
+    if prepares_dir:
+        exp_dir = prepare_experiment_dir(cfg)
     else:
         exp_dir = wait_for_experiment_dir(cfg)  # the node's local rank 0 prepares it
     setup_logging(exp_dir, rank=plan.rank)
     if changes:
         logging.getLogger("msf").warning("resuming with changed flags: %s", "; ".join(changes))
+    for note in set_aside if prepares_dir else ():
+        logging.getLogger("msf").warning("%s", note)
     failed = _launch(cfg, spaces, plan, exp_dir)
     return failed if failed is not None else _report(cfg, plan, exp_dir)
 
@@ -133,29 +217,34 @@ def prepare(cfg: Config, given: set[str]) -> tuple[Config, EnvSpaces, NodePlan, 
             "it: use torchrun's --max_restarts (or Slurm's --requeue) instead"
         )
     cfg, changes = resume_config(cfg, given)
-    if changes and plan.node_rank == 0 and not plan.local_rank:
-        print(
-            f"msf-train: warning: resuming {cfg.experiment!r} with flags that differ from its saved config: "
-            + "; ".join(changes),
-            file=sys.stderr,
-        )
     if changes:
         validate(cfg)
     cfg = resolve(cfg, given, plan)
-    if cfg.with_pbt and max(cfg.pbt_start_mutation, cfg.pbt_period_env_steps) > cfg.train_for_env_steps:
-        print(
-            f"msf-train: warning: --with_pbt: no replacement can happen within --train_for_env_steps="
-            f"{cfg.train_for_env_steps} (--pbt_start_mutation={cfg.pbt_start_mutation}, "
-            f"--pbt_period_env_steps={cfg.pbt_period_env_steps})",
-            file=sys.stderr,
-        )
     spaces = env_spaces(cfg.env, env_config_of(cfg))
     if cfg.env_backend == "envpool":
         from msf.envs.vector import check_envpool
 
         check_envpool(cfg, spaces)
-    check_model(cfg, spaces)
+    check_shared_memory(cfg, spaces, check_model(cfg, spaces))
     return cfg, spaces, plan, changes
+
+
+def start_warnings(cfg: Config, plan: NodePlan, changes: list[str]) -> list[str]:
+    """The warnings ``msf-train`` prints once the run is sure to start (after every check of :func:`prepare`): a
+    fatal error comes alone, not after a warning about a run that never starts."""
+    lines = []
+    if changes and plan.node_rank == 0 and not plan.local_rank:
+        lines.append(
+            f"msf-train: warning: resuming {cfg.experiment!r} with flags that differ from its saved config: "
+            + "; ".join(changes)
+        )
+    if cfg.with_pbt and max(cfg.pbt_start_mutation, cfg.pbt_period_env_steps) > cfg.train_for_env_steps:
+        lines.append(
+            f"msf-train: warning: --with_pbt: no replacement can happen within --train_for_env_steps="
+            f"{cfg.train_for_env_steps} (--pbt_start_mutation={cfg.pbt_start_mutation}, "
+            f"--pbt_period_env_steps={cfg.pbt_period_env_steps})"
+        )
+    return lines
 
 
 def _launch(cfg: Config, spaces: EnvSpaces, plan: NodePlan, exp_dir: str) -> int | None:
@@ -170,7 +259,10 @@ def _launch(cfg: Config, spaces: EnvSpaces, plan: NodePlan, exp_dir: str) -> int
         print(f"msf-train: error: {e}", file=sys.stderr)
         return 2
     except Exception as e:  # noqa: BLE001 - a rank died: torch.multiprocessing names it
-        logging.getLogger("msf").error("a device group failed: %s", e)
+        from msf.persistence.summaries import LOG_FILE_ONLY
+
+        # the whole message (a rank's traceback) to log.txt; the terminal gets its first line, below
+        logging.getLogger("msf").error("a device group failed: %s", e, extra=LOG_FILE_ONLY)
         last = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         print(
             f"msf-train: a device group failed: {last} (details in {os.path.join(exp_dir, 'log.txt')})", file=sys.stderr

@@ -327,3 +327,90 @@ def _register_fake_unity():
 
 
 _register_fake_unity()
+
+
+class StallingCartPole(CartPoleEnv):
+    """CartPole whose steps take ``MSF_TEST_STALL_S`` seconds (default 0.5) in the envs of device group
+    ``MSF_TEST_STALL_RANK`` (default 1); elsewhere a plain CartPole."""
+
+    def __init__(self, device_group: int = 0, **kwargs):
+        super().__init__(**kwargs)
+        stalls = device_group == int(os.environ.get("MSF_TEST_STALL_RANK", "1"))
+        self.delay = float(os.environ.get("MSF_TEST_STALL_S", "0.5")) if stalls else 0.0
+
+    def step(self, action):
+        if self.delay:
+            time.sleep(self.delay)
+        return super().step(action)
+
+
+def _make_stalling(name, env_config):
+    import multiprocessing
+
+    # the process name ("rank1/rollout_worker_0") where env_config has no device_group (msf before it had one)
+    process = multiprocessing.current_process().name
+    group = env_config.get("device_group", int(process[4]) if process.startswith("rank") else 0)
+    return gym.wrappers.TimeLimit(StallingCartPole(group), 500)
+
+
+register_env("MsfStallingCartPole", _make_stalling)
+
+
+def _make_recording(name, env_config):
+    """CartPole that writes the ``env_config`` it was made with (and its process's name) as one JSON file into
+    ``MSF_TEST_RECORD_DIR``."""
+    import json
+    import multiprocessing
+    import uuid
+
+    record = {k: v for k, v in env_config.items() if isinstance(v, (int, float, str, bool, type(None)))}
+    record["process"] = multiprocessing.current_process().name
+    path = os.path.join(os.environ["MSF_TEST_RECORD_DIR"], f"{uuid.uuid4().hex}.json")
+    with open(path, "w") as f:
+        json.dump(record, f)
+    return gym.wrappers.TimeLimit(CartPoleEnv(), 500)
+
+
+register_env("MsfRecordingCartPole", _make_recording)
+
+
+class SlowStartCartPole(CartPoleEnv):
+    """CartPole whose constructor takes ``MSF_TEST_SLOW_START_S`` seconds (default 3)."""
+
+    def __init__(self, **kwargs):
+        time.sleep(float(os.environ.get("MSF_TEST_SLOW_START_S", "3")))
+        super().__init__(**kwargs)
+
+
+gym.register("MsfSlowStartCartPole-v0", entry_point=SlowStartCartPole, max_episode_steps=500)
+
+
+def _make_doom(name, env_config):
+    """``doom_basic`` as a busy machine starts it: the first reset of an env outside rollout worker 0 takes
+    ``MSF_TEST_DOOM_SLOW_START_S`` seconds more (default 0), after its engine has started; with
+    ``MSF_TEST_DOOM_FAIL=1`` the first reset of rollout worker 0's second env raises, after its first engine
+    has started (an env that fails to start while the other workers' engines are still starting)."""
+    from msf.envs.families import make_doom
+
+    env = make_doom("doom_basic", env_config)
+    worker, index = env_config["worker_index"], env_config["env_index"]
+    n = int(os.environ.get("MSF_TEST_DOOM_ENVS_PER_WORKER", "8"))
+    fails = os.environ.get("MSF_TEST_DOOM_FAIL") == "1" and worker == 0 and index % n == 1
+    delay = float(os.environ.get("MSF_TEST_DOOM_SLOW_START_S", "0")) if worker != 0 else 0.0
+
+    class Starting(gym.Wrapper):
+        started = False
+
+        def reset(self, **kwargs):
+            if fails:
+                raise RuntimeError("deliberate failure of a Doom environment's start (msf test)")
+            out = self.env.reset(**kwargs)
+            if not self.started:
+                self.started = True
+                time.sleep(delay)
+            return out
+
+    return Starting(env)
+
+
+register_env("MsfDoom", _make_doom)

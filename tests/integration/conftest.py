@@ -62,6 +62,37 @@ def popen_msf(args: list[str], **kw) -> subprocess.Popen:
     )
 
 
+def start_in_background_shell(args: list[str], env: dict | None = None) -> tuple[subprocess.Popen, int]:
+    """``python -m msf.train ARGS`` started as a script starts it, ``bash -c 'msf-train ... & wait'``: a
+    non-interactive shell starts a background job with SIGINT ignored. Returns the shell (in a session of its
+    own; it exits with the job's exit code) and the job's pid, which a script would ``kill -INT``."""
+    import shlex
+
+    cmd = shlex.join([sys.executable, "-m", "msf.train", "--device=cpu", "--with_progress_bar=False", *args])
+    sh = subprocess.Popen(
+        ["bash", "-c", f"{cmd} & echo $!; wait $!"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env or msf_env(),
+        start_new_session=True,
+    )
+    return sh, int(sh.stdout.readline())
+
+
+def sigint_disposition(pid: int) -> str:
+    """How process ``pid`` takes SIGINT, from ``/proc/<pid>/status``: "ignored", "caught" (a handler) or
+    "default"."""
+    masks = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("SigIgn", "SigCgt"):
+                masks[key] = int(value, 16)
+    bit = 1 << (2 - 1)  # SIGINT is signal 2
+    return "ignored" if masks["SigIgn"] & bit else "caught" if masks["SigCgt"] & bit else "default"
+
+
 def read_summary(train_dir: Path, experiment: str) -> dict:
     return json.loads((train_dir / experiment / "summary.json").read_text())
 

@@ -199,6 +199,8 @@ def test_a_killed_replica_ends_the_job_and_leaves_nothing_behind(train_dir):
     assert elapsed < 10 + SLACK_S
     line = next(ln for ln in err.splitlines() if ln.startswith("msf-train: a device group failed"))
     assert "rank 1" in line and "was lost" in line, line
+    # the killed rank's queues: its workers release them (multiprocessing's resource tracker warned at the end)
+    assert "leaked semaphore" not in err, err[-2000:]
     deadline = time.monotonic() + 5
     while _processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -238,3 +240,78 @@ def test_two_replicas_three_seeds():
             assert r.returncode == 0, r.stderr[-3000:]
             returns.append(read_summary(Path(td), f"ddp{seed}")["episode_return_mean"])
     assert statistics.median(returns) >= 450 and min(returns) >= 300, returns
+
+
+def test_every_env_of_the_job_has_its_own_worker_and_env_index(train_dir, tmp_path):
+    """Two device groups, 2 rollout workers x 3 envs each: the 12 envs see worker_index 0..3 and env_index 0..11,
+    each pair once, with the device group's rank beside them (both groups gave worker_index 0 and env_index
+    0..5 before, so an env that picks its level or seeds itself by them did the same on both)."""
+    import json
+    import os
+
+    from .conftest import msf_env
+
+    records = tmp_path / "env_configs"
+    records.mkdir()
+    env = msf_env()
+    env["MSF_TEST_RECORD_DIR"] = str(records)
+    r = run_msf(
+        [
+            "--env=msf_test_envs:MsfRecordingCartPole",
+            "--experiment=indices",
+            f"--train_dir={train_dir}",
+            "--nproc_per_node=2",
+            "--num_workers=4",
+            "--num_envs_per_worker=3",
+            "--worker_num_splits=1",
+            "--batch_size=96",
+            "--encoder_mlp_layers",
+            "16",
+            "--train_for_env_steps=2000",
+        ],
+        timeout=180,
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    seen = [json.loads((records / f).read_text()) for f in os.listdir(records)]
+    made = [s for s in seen if "rollout_worker" in s["process"]]  # not the launcher's env, made for its spaces
+    pairs = sorted((s["worker_index"], s["env_index"]) for s in made)
+    assert pairs == [(e // 3, e) for e in range(12)], pairs
+    groups = {s["worker_index"]: (s["device_group"], s["process"].split("/")[0]) for s in made}
+    assert groups == {0: (0, "rank0"), 1: (0, "rank0"), 2: (1, "rank1"), 3: (1, "rank1")}, groups
+
+
+def test_a_stalled_rank_is_named_with_what_it_was_doing(train_dir):
+    """Rank 1's envs take 0.1 s per step: it needs ~25 s for a batch, rank 0 waits --dist_timeout=10 s for it in
+    the agreement and gives up. The error names rank 1 (gloo's own message blamed rank 0, the one waiting:
+    "Timed out waiting 10000ms for recv operation to complete"), what it did last and the flag."""
+    from .conftest import msf_env
+
+    env = msf_env()
+    env.update(MSF_TEST_STALL_RANK="1", MSF_TEST_STALL_S="0.1")
+    t0 = time.monotonic()
+    r = run_msf(
+        [
+            "--env=msf_test_envs:MsfStallingCartPole",
+            "--experiment=stall",
+            f"--train_dir={train_dir}",
+            "--nproc_per_node=2",
+            "--num_workers=2",
+            "--num_envs_per_worker=2",
+            "--rollout=8",
+            "--batch_size=256",
+            "--encoder_mlp_layers",
+            "16",
+            "--dist_timeout=10",
+        ],
+        timeout=10 + SLACK_S + 60,
+        env=env,
+    )
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert time.monotonic() - t0 < 10 + SLACK_S + 30
+    line = r.stderr.strip().splitlines()[-1]
+    assert line.startswith("msf-train: a device group failed: "), r.stderr[-3000:]
+    assert f"rank 1 (node 0, {socket.gethostname()}) did not come to the agreement after iteration 0 within " in line
+    assert "--dist_timeout=10 s (rank 0 waited for it)" in line, line
+    assert "its last completed iteration is 0" in line and "were still delivering trajectories" in line, line
+    assert read_summary(train_dir, "stall")["status"] == "failed"

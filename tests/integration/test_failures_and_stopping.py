@@ -157,6 +157,71 @@ def test_signal_stops_cleanly_with_final_checkpoint(train_dir, sig):
     assert torch.load(ckpts[-1], weights_only=True)["env_steps"] == s["env_steps"]
 
 
+# What a stop promises: the next agreement (one iteration), the final checkpoint, the workers' exit
+STOP_S = 5.0
+
+
+def test_a_scripts_background_job_starts_with_sigint_ignored():
+    """The premise of the next test: what ``bash -c 'job & wait'`` gives its job."""
+    import subprocess
+
+    out = subprocess.run(["bash", "-c", "grep SigIgn /proc/self/status & wait"], capture_output=True, text=True)
+    assert int(out.stdout.split()[1], 16) & (1 << (signal.SIGINT - 1)), out.stdout
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_sigint_to_the_launcher_of_a_scripts_background_job_stops_cleanly(train_dir, nproc):
+    """``kill -INT <pid>`` of msf-train started in the background by a script (SIGINT ignored): with several
+    device groups the launcher ignored SIGINT and the job trained on. It is a Ctrl-C now: a clean stop."""
+    import os
+    import re
+
+    from .conftest import sigint_disposition, start_in_background_shell
+
+    exp = train_dir / f"bg{nproc}"
+    sh, pid = start_in_background_shell(
+        [
+            "--env=CartPole-v1",
+            f"--experiment=bg{nproc}",
+            f"--train_dir={train_dir}",
+            f"--nproc_per_node={nproc}",
+            "--num_workers=2",
+            "--num_envs_per_worker=4",
+            "--batch_size=128",
+            "--encoder_mlp_layers",
+            "32",
+            "--save_every_sec=1000",
+            "--experiment_summaries_interval=1",
+        ]
+    )
+    try:
+        wait_until_training(exp)
+        assert sh.poll() is None, "the run ended before the signal"
+        # the processes that decide how to stop catch SIGINT, whatever they inherited; their workers ignore it
+        deciders = [pid]
+        if nproc > 1:
+            logged = re.findall(r"\[rank \d\]\[[^\]]+\]\[pid (\d+)\]", (exp / "log.txt").read_text())
+            deciders += sorted({int(p) for p in logged} - {pid})  # the ranks' lines (and the launcher's)
+            assert len(deciders) == 1 + nproc
+        assert [sigint_disposition(p) for p in deciders] == ["caught"] * len(deciders)
+        workers = [c for p in deciders for c in _children(p) if c not in deciders]
+        assert len(workers) >= 3 and {sigint_disposition(c) for c in workers} == {"ignored"}  # (and the tracker)
+        os.kill(pid, signal.SIGINT)
+        t0 = time.monotonic()
+        _, err = sh.communicate(timeout=STOP_S + SLACK_S + 30)
+        elapsed = time.monotonic() - t0
+    finally:
+        if sh.poll() is None:
+            os.killpg(sh.pid, signal.SIGKILL)
+    assert sh.returncode == 0, err[-3000:]
+    assert elapsed < STOP_S + SLACK_S, elapsed
+    s = read_summary(train_dir, f"bg{nproc}")
+    assert (s["status"], s["world_size"]) == ("stopped", nproc)
+    ckpts = sorted((exp / "checkpoint_p0").glob("checkpoint_*.pth"))
+    assert len(ckpts) == 1  # save_every_sec=1000: the final one
+    assert torch.load(ckpts[0], weights_only=True)["env_steps"] == s["env_steps"] > 0
+
+
 def test_second_ctrl_c_exits_at_once(train_dir):
     p = popen_msf(
         [
@@ -214,6 +279,103 @@ def test_ctrl_c_during_start_up_exits_130_even_when_started_with_sigint_ignored(
             p.kill()
     assert p.returncode == 130, err[-2000:]
     assert "interrupted before training began" in err
+
+
+def _environ_has(pid: int, marker: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return marker in f.read()
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize(
+    "nproc, tries",
+    [
+        # from msf's imports (about 0.3 s in) through torch's (to about 3 s on a loaded machine) and beyond
+        (1, [(0.3, "pid"), (0.6, "pid"), (1.0, "pid"), (1.5, "group"), (2.0, "pid"), (2.5, "pid"), (3.0, "group")]),
+        (2, [(0.5, "pid"), (2.0, "group"), (3.0, "pid"), (4.0, "group"), (6.0, "pid")]),
+    ],
+)
+def test_sigint_at_any_moment_of_the_start_up_ends_it_with_130_and_one_line(train_dir, nproc, tries):
+    """A SIGINT to msf-train (to its pid, or to its process group as a terminal's Ctrl-C) while it starts: exit
+    code 130 and one line, or, once the workers were being started, a clean stop before the first training step
+    (exit 0, status stopped). Before, a Ctrl-C during the imports of msf.train (0.6-0.8 s in on a loaded
+    machine) escaped as KeyboardInterrupt: a traceback and exit code -2; one during torch's import, caught, still
+    ended ``python -m msf.train`` with -2 (CPython's doing: see msf/__init__.py). Nothing is left behind."""
+    import os
+    import subprocess
+    import sys
+    import uuid
+
+    from msf import INTERRUPTED_BEFORE_TRAINING
+
+    from .conftest import msf_env
+
+    marker = f"MSF_TEST_MARKER={uuid.uuid4().hex}"
+    env = msf_env()
+    env.update([marker.split("=")])
+    outcomes = []
+    for i, (delay, to) in enumerate(tries):
+        p = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "msf.train",
+                "--device=cpu",
+                "--env=CartPole-v1",
+                f"--experiment=early{i}",
+                f"--train_dir={train_dir}",
+                f"--nproc_per_node={nproc}",
+                "--num_workers=2",
+                "--with_progress_bar=False",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
+        try:
+            time.sleep(delay)
+            if to == "group":
+                os.killpg(p.pid, signal.SIGINT)
+            else:
+                p.send_signal(signal.SIGINT)
+            _, err = p.communicate(timeout=60 + SLACK_S)
+        finally:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+        outcomes.append((delay, to, p.returncode))
+        assert p.returncode in (0, 130), (delay, to, p.returncode, err[-3000:])
+        for bad in ("Traceback", "KeyboardInterrupt", "EOFError", "leaked semaphore"):
+            assert bad not in err, (delay, to, err[-3000:])
+        exp = train_dir / f"early{i}"
+        if p.returncode == 130:
+            # besides the run's log lines ("[12:00:00][...] ..."), this one line
+            assert [ln for ln in err.splitlines() if not ln.startswith("[")] == [INTERRUPTED_BEFORE_TRAINING]
+        else:
+            s = read_summary(train_dir, f"early{i}")
+            assert (s["status"], s["train_steps"]) == ("stopped", 0), s
+        assert not list(exp.glob("checkpoint_p*/checkpoint_*.pth"))  # nothing was trained: nothing saved
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(
+        _environ_has(int(d), marker.encode()) for d in os.listdir("/proc") if d.isdigit()
+    ):
+        time.sleep(0.2)
+    left = [int(d) for d in os.listdir("/proc") if d.isdigit() and _environ_has(int(d), marker.encode())]
+    assert left == [], f"processes left behind: {left} ({outcomes})"
+    assert any(code == 130 for _, _, code in outcomes), outcomes  # the tries did land in the start-up
+
+
+def test_a_ctrl_c_inside_code_run_by_exec_still_ends_the_start_up_with_130(tmp_path):
+    """The SIGINT comes inside code that ``exec`` runs from a string (as in the methods that dataclasses build
+    during torch's import); caught by msf-train, it still made ``python -m msf.train`` end by SIGINT: -2."""
+    from msf import INTERRUPTED_BEFORE_TRAINING
+
+    r = run_msf(["--env=interrupt_on_import:CartPole-v1", "--experiment=exec", f"--train_dir={tmp_path}"], timeout=60)
+    assert r.returncode == 130, (r.returncode, r.stderr[-2000:])
+    assert r.stderr.strip().splitlines() == [INTERRUPTED_BEFORE_TRAINING]
 
 
 def test_ctrl_c_to_the_process_group_while_workers_start_is_quiet_and_saves_nothing(train_dir):

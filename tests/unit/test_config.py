@@ -103,6 +103,54 @@ def test_msf_train_prints_every_invalid_flag_and_exits_2(tmp_path, capsys):
     ]
 
 
+@pytest.mark.parametrize("env", ["NoSuchEnv-v0", "doom_no_such_scenario"])
+def test_a_fatal_error_comes_alone_without_the_pbt_warning_before_it(tmp_path, capsys, env):
+    """The PBT warning (no replacement within the budget) is for a run that starts; an env that cannot be made
+    ends the start with one line."""
+    from msf.train import main
+
+    code = main(
+        [
+            f"--train_dir={tmp_path}",
+            f"--env={env}",
+            "--num_workers=1",
+            "--num_policies=2",
+            "--with_pbt=True",
+            "--train_for_env_steps=1000",
+        ]
+    )
+    assert code == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("msf-train: error: --env:"), lines
+
+
+def test_the_pbt_warning_is_given_for_a_run_that_starts():
+    from msf.runner.launch import SINGLE
+    from msf.train import start_warnings
+
+    cfg = Config(num_policies=2, with_pbt=True, train_for_env_steps=1000)
+    assert start_warnings(cfg, SINGLE, []) == [
+        "msf-train: warning: --with_pbt: no replacement can happen within --train_for_env_steps=1000 "
+        "(--pbt_start_mutation=20000000, --pbt_period_env_steps=5000000)"
+    ]
+    assert start_warnings(dataclasses.replace(cfg, train_for_env_steps=10**9), SINGLE, []) == []
+
+
+def test_help_gives_each_default_once():
+    """argparse adds "(default: X)" to every flag's help; a help that says what its default is gets none."""
+    import re
+
+    text = build_parser().format_help().split("options:", 1)[1]
+    entries = {e.split()[0]: " ".join(e.split()) for e in re.split(r"\n(?=  -)", text) if e.strip()}
+    assert len(entries) > 100
+    for entry in entries.values():
+        assert len(re.findall(r"\bdefault\b", entry, re.IGNORECASE)) <= 1, entry
+    assert "(default: 0.99)" in entries["--gamma"]
+    assert "the default is the number of CPU cores" in entries["--num_workers"]
+    assert "(default: a random one)" in entries["--seed"] and "None" not in entries["--seed"]
+    assert "Default: one per visible GPU" in entries["--nproc_per_node"] and "None" not in entries["--nproc_per_node"]
+
+
 def test_msf_enjoy_checks_its_own_flags_at_once():
     from msf.enjoy import EvalArgs, validate_eval_args
 

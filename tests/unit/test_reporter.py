@@ -149,6 +149,7 @@ def test_the_summary_holds_the_runs_figures():
         "policies",
         "pbt_replacements",
         "resumed_from_env_steps",
+        "envs_started_after_s",
     } == s.keys()
     assert (s["status"], s["env_steps"], s["episodes"], s["dropped_trajectories"]) == ("done", 3000, 2, 1)
     assert s["fps"] == 300.0 and s["episode_return_mean"] == 5.0 and s["episode_length_mean"] == 50.0

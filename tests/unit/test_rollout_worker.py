@@ -100,7 +100,7 @@ class Rig:
         self.worker = RolloutWorker(spec, make_split=self._make_split, send_request=self._send)
         self.acted = 0
 
-    def _make_split(self, cfg, worker_index, env_indices, seed):
+    def _make_split(self, cfg, worker_index, env_indices, seed, device_group=0, on_env=None):
         self.splits.append(FakeSplit(env_indices, seed))
         return self.splits[-1]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import typing
 
 from msf.cfg.config import Config
@@ -38,6 +39,17 @@ def integer(v: str) -> int:
         return int(f)
 
 
+class DefaultsOnceHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """argparse's ``(default: X)`` after each flag's help, except where the help already says what the default
+    is (``--num_workers``: "the default is the number of CPU cores"): the value there (None, or this machine's
+    core count) is what the help explains, and argparse's note printed the default a second time."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.help and re.search(r"\bdefault\b", action.help, re.IGNORECASE):
+            return action.help
+        return super()._get_help_string(action)
+
+
 class OneLineErrorParser(argparse.ArgumentParser):
     """An argument parser whose errors are one line (``prog: error: ...``), exit code 2."""
 
@@ -53,7 +65,7 @@ def build_parser(
     parser = OneLineErrorParser(
         prog=prog,
         description=description,
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsOnceHelpFormatter,
         allow_abbrev=False,
     )
     groups: dict[str, argparse._ArgumentGroup] = {}

@@ -93,7 +93,7 @@ class BasicFlags:
     )
     seed: int | None = flag(
         None,
-        "Seed of the model initialisation and of the environments (random when not given)",
+        "Seed of the model initialisation and of the environments (default: a random one)",
         scope=(PER_NODE,),
     )
 
@@ -151,8 +151,8 @@ class SamplingFlags:
     )
     env_frameskip: int = flag(
         1,
-        "Frames covered by one env step, for counting env frames (gymnasium envs: 1; atari_* and doom_*: 4 "
-        "unless given)",
+        "Frames covered by one env step, for counting env frames (default: 1 for gymnasium envs, 4 for atari_* and "
+        "doom_*)",
     )
     env_backend: str = flag(
         "gymnasium",
@@ -424,7 +424,9 @@ class PersistenceFlags:
         "Also log the summaries to Weights & Biases (pip install 'multi-sample-factory[wandb]'; "
         "WANDB_MODE=offline works without an account)",
     )
-    wandb_user: str | None = flag(None, "Weights & Biases entity (user or team); default: your default entity")
+    wandb_user: str | None = flag(
+        None, "Weights & Biases entity (user or team) (default: the one your W&B account is set to)"
+    )
     wandb_project: str = flag("multi_sample_factory", "Weights & Biases project")
     wandb_group: str | None = flag(None, "Weights & Biases group (default: the env's name)")
     wandb_job_type: str = flag("SF", "Weights & Biases job type")

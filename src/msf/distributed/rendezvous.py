@@ -242,11 +242,13 @@ def _wait_for_everyone(store: Any, rank: RankInfo, cfg: Config, plan: NodePlan, 
         return
     missing = [r for r in range(rank.world_size) if not store.check([f"arrived/{r}"])]
     if rank.nnodes == 1:
-        raise RuntimeError(f"rank(s) {missing} did not join within --dist_timeout={cfg.dist_timeout} s")
+        raise RuntimeError(
+            f"rank(s) {missing} did not join {_where(cfg, plan)} within --dist_timeout={cfg.dist_timeout} s"
+        )
     nodes = sorted({r // rank.nproc_per_node for r in missing})
     hosts = ", ".join(f"node {n}" + (f" ({plan.hosts[n]})" if plan.hosts else "") for n in nodes)
     message = (
-        f"{hosts} did not join within --dist_timeout={cfg.dist_timeout} s "
+        f"{hosts} did not join {_where(cfg, plan)} within --dist_timeout={cfg.dist_timeout} s "
         f"(missing rank(s) {missing} of {rank.world_size}"
     )
     if plan.launcher == "torchrun":
@@ -254,14 +256,44 @@ def _wait_for_everyone(store: Any, rank: RankInfo, cfg: Config, plan: NodePlan, 
     raise RuntimeError(message + ")")
 
 
+@dataclass
+class RankProgress:
+    """How far a rank has come, as its training loop counts it. Its heartbeat writes it to the store
+    (``progress/<rank>``) every second, so that a rank whose collective times out can say who did not come and
+    what that rank was doing (:meth:`Heartbeat.absent_from_agreement`).
+
+    Attributes:
+        iteration: training iterations completed. entered: agreements entered (one more than ``agreed`` while
+            the rank waits in one). agreed: agreements completed. trajectories: trajectories its rollout workers
+            have delivered so far. last_trajectory: when the last one came (``time.time()``; None: none yet).
+    """
+
+    iteration: int = 0
+    entered: int = 0
+    agreed: int = 0
+    trajectories: int = 0
+    last_trajectory: float | None = None
+
+    def record(self) -> str:
+        return json.dumps({**dataclasses.asdict(self), "now": time.time()})
+
+
 class Heartbeat:
-    """Every rank bumps a counter in the store every second; after a failure, the ranks whose counter
-    stood still (or all of them but this one, when the store itself is gone with rank 0) are named."""
+    """Every rank bumps a counter in the store every second, and writes its :class:`RankProgress`; after a
+    failure, the ranks whose counter stood still (or all of them but this one, when the store itself is gone
+    with rank 0) are named, and after a timed-out agreement, the ranks that did not come to it.
+
+    Args:
+        store: the rendezvous store. rank: this rank. timeout: ``--dist_timeout`` (seconds), what a collective
+            waits. host_of: the host of a rank (for messages).
+    """
 
     PERIOD = 1.0
 
-    def __init__(self, store: Any, rank: RankInfo, timeout: float):
+    def __init__(self, store: Any, rank: RankInfo, timeout: float, host_of: Any = None):
         self.store, self.rank, self.world = store, rank.rank, rank.world_size
+        self.timeout, self.host_of = timeout, host_of or (lambda r: "?")
+        self.progress = RankProgress()
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
         if self.world > 1:
@@ -271,6 +303,7 @@ class Heartbeat:
         while not self.stopped.wait(self.PERIOD):
             try:
                 self.store.add(f"beat/{self.rank}", 1)
+                self.store.set(f"progress/{self.rank}", self.progress.record())
             except Exception:  # noqa: BLE001 - the store is gone: lost_ranks says so
                 return
 
@@ -288,6 +321,46 @@ class Heartbeat:
         except Exception:  # noqa: BLE001 - rank 0 hosted the store: it is gone
             return [0]
         return [r for r in range(self.world) if r != self.rank and after[r] == before[r]]
+
+    def absent_from_agreement(self) -> str | None:
+        """After this rank's agreement (:mod:`msf.distributed.agreement`) timed out: which ranks did not enter it
+        and what each did last, from the progress records (None: every rank came, or a record is missing or
+        stale: then the rank was lost, which :meth:`lost_ranks` tells). gloo's own message names only the
+        rank that waited ("Timed out waiting 20000ms for recv operation to complete", on rank 0).
+        """
+        if self.world == 1:
+            return None
+        mine = self.progress
+        try:
+            self.store.set_timeout(datetime.timedelta(seconds=5))
+            records = {r: json.loads(self.store.get(f"progress/{r}")) for r in range(self.world) if r != self.rank}
+        except Exception:  # noqa: BLE001 - no store, or a rank that never wrote: a lost rank
+            return None
+        absent = {r: p for r, p in records.items() if p["entered"] < mine.entered}
+        if not absent or any(time.time() - p["now"] > 10 * self.PERIOD for p in absent.values()):
+            return None  # a rank whose heartbeat stopped is lost, not late
+        return "; ".join(self._describe(r, p) for r, p in sorted(absent.items()))
+
+    def _describe(self, r: int, p: dict) -> str:
+        last = p["last_trajectory"]
+        if last is None:
+            sampling = "its rollout workers have delivered no trajectory yet (are its envs still starting?)"
+        elif p["now"] - last < max(2.0, 0.1 * self.timeout):
+            sampling = (
+                f"its rollout workers were still delivering trajectories ({p['trajectories']} so far, the last "
+                f"{p['now'] - last:.1f} s ago), too slowly for one iteration within the wait: raise "
+                "--dist_timeout, or make that rank's envs faster"
+            )
+        else:
+            sampling = (
+                f"its rollout workers had delivered nothing for {p['now'] - last:.0f} s ({p['trajectories']} so "
+                "far): they are stuck (see that rank's lines in log.txt)"
+            )
+        return (
+            f"rank {r} ({self.host_of(r)}) did not come to the agreement after iteration {self.progress.iteration} "
+            f"within --dist_timeout={self.timeout:g} s (rank {self.rank} waited for it): its last completed "
+            f"iteration is {p['iteration']}, and {sampling}"
+        )
 
     def stop(self) -> None:
         self.stopped.set()

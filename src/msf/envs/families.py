@@ -195,6 +195,43 @@ def _vizdoom_folder() -> None:
         pass  # a read-only working directory: the engine reports that itself
 
 
+# What a ViZDoom game keeps in /dev/shm, each name followed by the game's instance id (the engine's
+# ``+viz_instance_id`` argument): its shared memory and the two message queues. The controller (in the rollout
+# worker) removes them when it closes the game; a worker killed first leaves them.
+VIZDOOM_SHM_PREFIXES = ("ViZDoomSM", "ViZDoomMQCtr", "ViZDoomMQDoom")
+
+
+def remove_engine_files(command_lines: Any, shm_dir: str = "/dev/shm") -> list[str]:
+    """Remove the /dev/shm files of the ViZDoom games whose engines had to be killed (their command lines, as
+    :func:`msf.runtime.supervision.stop_children` returns them), once nothing of the run uses them any more.
+
+    Returns:
+        the names removed.
+    """
+    ids = set()
+    for args in command_lines:
+        args = list(args)
+        if "+viz_instance_id" in args[:-1]:
+            ids.add(args[args.index("+viz_instance_id") + 1])
+    if not ids:
+        return []
+    import os
+
+    removed = []
+    try:
+        names = os.listdir(shm_dir)
+    except OSError:
+        return []
+    for name in names:
+        if any(name == prefix + i for prefix in VIZDOOM_SHM_PREFIXES for i in ids):
+            try:
+                os.unlink(os.path.join(shm_dir, name))
+                removed.append(name)
+            except OSError:
+                pass
+    return removed
+
+
 def make_mujoco(name: str, env_config: dict[str, Any]) -> gym.Env:
     """``mujoco_<name>``: gymnasium's MuJoCo task (v5), observations as they are."""
     task = name[len("mujoco_") :]

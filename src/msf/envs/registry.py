@@ -25,7 +25,10 @@ _REGISTRY: dict[str, MakeEnvFn] = {}
 def register_env(name: str, make_env_fn: MakeEnvFn) -> None:
     """Register ``make_env_fn(name, env_config) -> gymnasium.Env`` under ``name``.
 
-    ``env_config`` holds ``worker_index``, ``env_index`` (global index of the env) and ``seed``;
+    ``env_config`` holds ``worker_index`` (the rollout worker's index over the whole job, every device
+    group and node: ``[0, total rollout workers)``), ``env_index`` (the env's, over the whole job:
+    ``worker_index * num_envs_per_worker + i``, so every env of a run has its own, in ``[0, total envs)``),
+    ``device_group`` (the rank of the env's device group) and ``seed``;
     for ``msf-enjoy`` also ``evaluation`` (True: leave out wrappers meant for training only) and
     ``render_mode`` (None, ``"rgb_array"`` or ``"human"``).
     The registration must happen at import of a module that the rollout workers also import
@@ -51,11 +54,15 @@ def _resolve(name: str) -> tuple[str, MakeEnvFn | None]:
     return name, family_maker(name)
 
 
-def env_config_of(cfg: Any, worker_index: int = 0, env_index: int = 0, seed: int = 0, **extra: Any) -> dict[str, Any]:
-    """The ``env_config`` every env maker receives: its indices and seed, and the env flags of ``cfg``."""
+def env_config_of(
+    cfg: Any, worker_index: int = 0, env_index: int = 0, seed: int = 0, device_group: int = 0, **extra: Any
+) -> dict[str, Any]:
+    """The ``env_config`` every env maker receives: its indices (see :func:`register_env`) and seed, and the env
+    flags of ``cfg``."""
     return {
         "worker_index": worker_index,
         "env_index": env_index,
+        "device_group": device_group,
         "seed": seed,
         "atari_sticky_actions": cfg.atari_sticky_actions,
         "atari_full_action_space": cfg.atari_full_action_space,
@@ -230,13 +237,37 @@ def _layout_entry(key: str, space: gym.Space) -> tuple[str, tuple[int, ...], int
     )
 
 
-def env_spaces(name: str, env_config: dict[str, Any] | None = None) -> EnvSpaces:
-    """Make one env of ``name`` in this process, read its spaces and close it.
+def env_spaces(name: str, env_config: dict[str, Any] | None = None, note_after_s: float = 5.0) -> EnvSpaces:
+    """Make one env of ``name`` in this process, read its spaces and close it (not reset: ViZDoom's engine
+    starts at the first reset, so this costs a Doom env nothing). An env whose constructor takes longer than
+    ``note_after_s`` is said to on stderr, and how long it took: before this, a constructor of 90 s was 90 s of
+    silence before the workers even started.
 
     Raises:
         ConfigError: unknown env, a family whose extra is missing, or unsupported spaces.
     """
-    env = make_env(name, env_config or {"worker_index": 0, "env_index": 0, "seed": 0})
+    import sys
+    import threading
+    import time
+
+    t0 = time.monotonic()
+    note = threading.Timer(
+        note_after_s,
+        lambda: print(
+            f"msf: making one {name} env to read its observation and action spaces, before the workers "
+            f"start (its constructor has taken {note_after_s:.0f} s so far)",
+            file=sys.stderr,
+        ),
+    )
+    note.daemon = True
+    note.start()
+    try:
+        env = make_env(name, env_config or {"worker_index": 0, "env_index": 0, "device_group": 0, "seed": 0})
+    finally:
+        note.cancel()
+    took = time.monotonic() - t0
+    if took >= note_after_s:
+        print(f"msf: the {name} env for its spaces took {took:.0f} s to make", file=sys.stderr)
     try:
         return spaces_of(env)
     finally:

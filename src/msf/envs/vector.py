@@ -13,7 +13,7 @@ Both return the observation *after* an episode end as the first observation of t
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import gymnasium as gym
 import numpy as np
@@ -30,13 +30,34 @@ class GymSplit:
     env ``i``'s agents at rows ``i * A .. i * A + A - 1``.
 
     Args:
-        cfg: the run's config. worker_index: the rollout worker. env_indices: global indices of the envs
-            (their seeds are ``seed + index``). seed: the run's seed.
+        cfg: the run's config. worker_index: the rollout worker (global: over every device group).
+        env_indices: global indices of the envs (their seeds are ``seed + index``). seed: the device group's
+        seed. device_group: the device group's rank (in ``env_config``). on_env: called with ``"made"`` after
+        each env is made and with ``"started"`` after its first reset, which is when a ViZDoom engine starts
+        (start-up progress; it may raise to stop the start-up: the envs made so far are closed).
     """
 
-    def __init__(self, cfg: Any, worker_index: int, env_indices: list[int], seed: int):
-        self.envs = [make_env(cfg.env, env_config_of(cfg, worker_index, i, seed + i)) for i in env_indices]
+    def __init__(
+        self,
+        cfg: Any,
+        worker_index: int,
+        env_indices: list[int],
+        seed: int,
+        device_group: int = 0,
+        on_env: Callable[[str], None] | None = None,
+    ):
+        self.envs: list[gym.Env] = []
+        try:
+            for i in env_indices:
+                config = env_config_of(cfg, worker_index, i, seed + i, device_group=device_group)
+                self.envs.append(make_env(cfg.env, config))
+                if on_env is not None:
+                    on_env("made")
+        except BaseException:
+            self.close()  # an env that starts a process (ViZDoom's engine) must not outlive a failed start
+            raise
         self.seeds = [seed + i for i in env_indices]
+        self.on_env = on_env
         self.action_space = self.envs[0].action_space
         self.tuple_actions = isinstance(self.action_space, gym.spaces.Tuple)
         self.A = num_agents_of(self.envs[0])
@@ -48,7 +69,12 @@ class GymSplit:
 
     def reset(self) -> list[np.ndarray]:
         """The first observation of every env (seeded), a list of ``n`` (``n x A``) arrays."""
-        firsts = [env.reset(seed=s)[0] for env, s in zip(self.envs, self.seeds)]
+        firsts = []
+        for env, s in zip(self.envs, self.seeds):
+            firsts.append(env.reset(seed=s)[0])
+            if self.on_env is not None:
+                self.on_env("started")
+        self.on_env = None  # the start-up is over
         return firsts if self.A == 1 else [o for obs in firsts for o in obs]
 
     def step(self, actions: np.ndarray) -> tuple[list[np.ndarray], np.ndarray, np.ndarray, np.ndarray]:
@@ -92,8 +118,20 @@ class GymSplit:
         return obs_out, rew, term, trunc
 
     def close(self) -> None:
-        for env in self.envs:
-            env.close()
+        """Close every env, even when one of them fails to (the first failure is raised after)."""
+        close_all(env.close for env in self.envs)
+
+
+def close_all(closers: Any) -> None:
+    """Call every one of ``closers``; then raise the first exception one of them raised, if any."""
+    first: BaseException | None = None
+    for close in closers:
+        try:
+            close()
+        except Exception as e:  # noqa: BLE001 - the others must still be closed
+            first = first or e
+    if first is not None:
+        raise first
 
 
 def envpool_task(name: str) -> str:
@@ -172,8 +210,19 @@ class EnvPoolSplit:
     with :class:`GymSplit`.
     """
 
-    def __init__(self, cfg: Any, worker_index: int, env_indices: list[int], seed: int):
+    def __init__(
+        self,
+        cfg: Any,
+        worker_index: int,
+        env_indices: list[int],
+        seed: int,
+        device_group: int = 0,
+        on_env: Callable[[str], None] | None = None,
+    ):
         self.pool = make_envpool(cfg, len(env_indices), seed + env_indices[0])
+        for _ in env_indices if on_env is not None else ():
+            on_env("made")
+            on_env("started")
         self.action_space = self.pool.action_space
         self.n = len(env_indices)
         self.discrete = isinstance(self.action_space, gym.spaces.Discrete)
@@ -199,11 +248,19 @@ class EnvPoolSplit:
         self.pool.close()
 
 
-def make_split(cfg: Any, worker_index: int, env_indices: list[int], seed: int) -> GymSplit | EnvPoolSplit:
-    """The envs ``env_indices`` of rollout worker ``worker_index`` with the backend of ``--env_backend``."""
+def make_split(
+    cfg: Any,
+    worker_index: int,
+    env_indices: list[int],
+    seed: int,
+    device_group: int = 0,
+    on_env: Callable[[str], None] | None = None,
+) -> GymSplit | EnvPoolSplit:
+    """The envs ``env_indices`` of rollout worker ``worker_index`` with the backend of ``--env_backend`` (the
+    arguments are :class:`GymSplit`'s)."""
     if getattr(cfg, "env_backend", "gymnasium") == "envpool":
-        return EnvPoolSplit(cfg, worker_index, env_indices, seed)
-    return GymSplit(cfg, worker_index, env_indices, seed)
+        return EnvPoolSplit(cfg, worker_index, env_indices, seed, device_group, on_env)
+    return GymSplit(cfg, worker_index, env_indices, seed, device_group, on_env)
 
 
 def check_envpool(cfg: Any, spaces: Any) -> None:

@@ -77,6 +77,7 @@ class Batcher:
         self._ready: list[list[Batch]] = [[] for _ in range(num_policies)]
         self._ready_count = [0] * num_policies
         self._empty: Batch | None = None
+        self.received = 0  # trajectories announced so far (the rank's progress record reports it)
 
     def pending(self, policy: int) -> int:
         """Announced trajectories of ``policy`` still in the buffer, holding their slots."""
@@ -94,6 +95,7 @@ class Batcher:
         except queue.Empty:
             return
         while True:
+            self.received += len(msg.slots)
             for s in msg.slots:
                 self._pending[int(self._slot_policy[s])].append((msg.worker, s))
             try:

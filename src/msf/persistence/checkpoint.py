@@ -8,19 +8,24 @@ In ``checkpoint_p{policy}/``:
 * ``milestones/checkpoint_*.pth``: one every ``--save_milestones_sec``, never deleted.
 
 Every file is written to a temporary file in the same folder, flushed to disk and renamed
-with ``os.replace``, so a crash never leaves a half-written newest checkpoint. Loading uses
-``torch.load(weights_only=True)``: a checkpoint holding anything but tensors and plain data
-(a pickled object could run code) is refused.
+with ``os.replace``, so a crash never leaves a half-written newest checkpoint; a write that fails (a full
+disk) removes its temporary file and raises :class:`CheckpointWriteFailed`, which names the file, the free
+space and the newest checkpoint kept. Loading uses ``torch.load(weights_only=True)``: a checkpoint holding
+anything but tensors and plain data (a pickled object could run code) is refused. Loading never moves a
+file: only ``msf-train`` sets an unreadable one aside (:func:`set_aside`), before it spawns anything.
 """
 
 from __future__ import annotations
 
+import errno
 import glob
 import logging
 import os
 import pickle
+import re
 import shutil
 import tempfile
+from dataclasses import dataclass, field
 
 import torch
 
@@ -31,19 +36,85 @@ def checkpoint_dir(exp_dir: str, policy: int = 0) -> str:
     return os.path.join(exp_dir, f"checkpoint_p{policy}")
 
 
+def _temp_file(path: str) -> tuple[int, str]:
+    """A new temporary file beside ``path``: ``(fd, its path)``. (The tests replace it to make writes fail.)"""
+    return tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-", suffix=".pth")
+
+
 def _atomic_write(path: str, write) -> None:
-    """Call ``write(file)`` on a temporary file beside ``path``, fsync it, rename it to ``path``."""
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-", suffix=".pth")
+    """Call ``write(file)`` on a temporary file beside ``path``, fsync it, rename it to ``path``.
+
+    Raises:
+        CheckpointWriteFailed: the file could not be written (the temporary file is gone, ``path`` untouched).
+    """
+    tmp = None
     try:
+        fd, tmp = _temp_file(path)
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
+    except BaseException as e:
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, Exception) and not isinstance(e, CheckpointWriteFailed):
+            raise CheckpointWriteFailed(path, e) from e
         raise
+
+
+def _disk_full(e: BaseException | None) -> bool:
+    """Whether a failed write ran out of space. torch.save reports a short write not as ENOSPC but as
+    ``[enforce fail at inline_container.cc:...] . unexpected pos N vs M`` (its zip writer's own check on the
+    bytes written), so that text counts too."""
+    seen = set()
+    while e is not None and id(e) not in seen:  # the error and those it was raised from
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left on device" in str(e) or "unexpected pos" in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+class CheckpointWriteFailed(OSError):
+    """A checkpoint could not be written. The message is one line: the file, why (``the disk is full`` when it
+    is), the free space on its file system, and the newest checkpoint of its folder, which is kept as it was.
+
+    Attributes:
+        path: the file that was being written. cause: the original error. disk_full: whether it ran out of
+            space. free_bytes: free space on the file system of ``path`` after the failure (None: unknown).
+        kept: the newest checkpoint of the same kind in that folder (None: there is none).
+    """
+
+    def __init__(self, path: str, cause: BaseException):
+        self.path, self.cause, self.disk_full = path, cause, _disk_full(cause)
+        folder = os.path.dirname(path)
+        try:
+            st = os.statvfs(folder)
+            self.free_bytes: int | None = st.f_bavail * st.f_frsize
+        except OSError:
+            self.free_bytes = None
+        prefix = "best_" if os.path.basename(path).startswith("best_") else "checkpoint_"
+        others = sorted(
+            (p for p in glob.glob(os.path.join(folder, f"{prefix}*.pth")) if p != path), key=os.path.getmtime
+        )
+        self.kept = others[-1] if others else None
+        why = "the disk is full" if self.disk_full else unreadable_reason(cause)
+        free = "unknown" if self.free_bytes is None else _mib(self.free_bytes)
+        kept = (
+            f"the checkpoints already there are kept (newest: {self.kept})"
+            if self.kept
+            else "there is no earlier checkpoint in that folder"
+        )
+        super().__init__(
+            f"could not write the checkpoint {path}: {why} ({free} free there); no partial file was left, and {kept}"
+        )
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
 
 
 def save_checkpoint(state: dict, exp_dir: str, keep: int, policy: int = 0, milestone: bool = False) -> str:
@@ -105,9 +176,17 @@ def load_checkpoint_file(path: str, map_location: str = "cpu") -> dict:
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
+        # torch's weights-only unpickler raises this both for a pickled object (an "Unsupported global", which
+        # could run code) and for bytes that are no pickle at all (a corrupt file): only the first is refused
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
+        if found is None:
+            detail = re.search(r"WeightsUnpickler error:\s*(.+?)\s*(?:\n|$)", str(e))
+            raise pickle.UnpicklingError(
+                f"not a checkpoint of tensors and plain data ({detail[1] if detail else 'corrupt'})"
+            ) from None
         raise CheckpointRefused(
-            f"{path} holds objects other than tensors and plain data, which could run code "
-            f"when loaded; refused ({str(e).splitlines()[0]})"
+            f"{path} holds an object ({found[1]}) other than tensors and plain data, which could run code "
+            "when loaded; refused"
         ) from None
     state["path"] = path
     return state
@@ -117,25 +196,81 @@ class CheckpointRefused(RuntimeError):
     """A checkpoint would need to unpickle arbitrary objects (which can execute code)."""
 
 
+class NoReadableCheckpoint(RuntimeError):
+    """Checkpoint files exist, and none of them can be read (the message names each, with its reason)."""
+
+    def __init__(self, folder: str, unreadable: list[tuple[str, str]]):
+        self.folder, self.unreadable = folder, unreadable
+        files = "; ".join(f"{path} ({reason})" for path, reason in unreadable)
+        super().__init__(f"no checkpoint in {folder} is readable: {files}")
+
+
+def unreadable_reason(e: BaseException) -> str:
+    """Why a file could not be read or written, in one line: the error's type and the first sentence of its
+    message. Some errors have no message (an empty file makes torch.load raise a bare ``EOFError``, and the
+    warning then said ``unreadable ()``); torch's run on for lines of advice after the first sentence."""
+    first = next((line.strip() for line in str(e).splitlines() if line.strip()), "").split(". ")[0]
+    if not first and isinstance(e, EOFError):
+        first = "the file is empty or cut short"
+    return f"{type(e).__name__}: {first}" if first else type(e).__name__
+
+
+@dataclass
+class CheckpointScan:
+    """What :func:`scan_checkpoints` found in a checkpoint folder.
+
+    Attributes:
+        state: the newest readable checkpoint (None: none is readable, or there is no file).
+        unreadable: ``(path, reason)`` of each file newer than ``state`` that could not be read, newest first
+            (all the files when ``state`` is None).
+    """
+
+    state: dict | None = None
+    unreadable: list[tuple[str, str]] = field(default_factory=list)
+
+
+def scan_checkpoints(exp_dir: str, policy: int = 0, kind: str = "latest", map_location: str = "cpu") -> CheckpointScan:
+    """Read the checkpoints of ``kind`` (``latest`` or ``best``) from the newest back, until one loads; moves
+    and logs nothing."""
+    scan = CheckpointScan()
+    for path in reversed(list_checkpoints(exp_dir, policy, kind)):
+        try:
+            scan.state = load_checkpoint_file(path, map_location)
+            return scan
+        except Exception as e:  # noqa: BLE001 - any unreadable file: fall back to the previous one
+            scan.unreadable.append((path, unreadable_reason(e)))
+    return scan
+
+
 def load_latest_checkpoint(
     exp_dir: str, policy: int = 0, map_location: str = "cpu", kind: str = "latest"
 ) -> dict | None:
-    """The newest readable checkpoint of ``kind`` (``latest`` or ``best``), or None when there is none.
+    """The newest readable checkpoint of ``kind`` (``latest`` or ``best``), or None when there is no file.
 
-    A corrupt, truncated or refused file is reported in the log, renamed to ``*.pth.bad`` (kept for
-    inspection, out of the rotation, so that the next checkpoints never delete the good one in its
-    favour), and the one before it is tried.
+    A corrupt, truncated or refused newer file is logged (with its reason) and the one before it is used; the
+    file stays where it is (``msf-train`` sets such files aside before it spawns anything:
+    :func:`msf.runner.experiment.check_checkpoints`).
+
+    Raises:
+        NoReadableCheckpoint: there are checkpoint files, and none is readable.
     """
-    for path in reversed(list_checkpoints(exp_dir, policy, kind)):
-        try:
-            return load_checkpoint_file(path, map_location)
-        except Exception as e:  # noqa: BLE001 - any unreadable file: fall back to the previous one
-            log.warning("checkpoint %s is unreadable (%s); trying the previous one", path, e)
-            try:
-                os.replace(path, path + ".bad")
-            except OSError:
-                pass  # another rank of this node moved it already, or a read-only folder
-    return None
+    scan = scan_checkpoints(exp_dir, policy, kind, map_location)
+    if scan.state is None and scan.unreadable:
+        raise NoReadableCheckpoint(checkpoint_dir(exp_dir, policy), scan.unreadable)
+    for path, reason in scan.unreadable:
+        log.warning("checkpoint %s is unreadable (%s); loaded the previous one, %s", path, reason, scan.state["path"])
+    return scan.state
+
+
+def set_aside(path: str) -> str | None:
+    """Rename an unreadable checkpoint to ``*.pth.bad``: kept for inspection, out of the rotation (whose keep-N
+    would otherwise delete a good, older file in favour of it). Returns the new path (None: it could not be
+    moved, a read-only folder)."""
+    try:
+        os.replace(path, path + ".bad")
+    except OSError:
+        return None
+    return path + ".bad"
 
 
 def snapshot(obj):

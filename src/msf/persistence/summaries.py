@@ -14,6 +14,10 @@ log = logging.getLogger("msf")
 
 LOG_FORMAT = "[%(asctime)s][%(processName)s][pid %(process)d] %(levelname)s %(message)s"
 
+# ``log.error(..., extra=LOG_FILE_ONLY)``: the line goes to log.txt, not to stderr (a traceback that the
+# terminal gets as one line of its own)
+LOG_FILE_ONLY = {"log_file_only": True}
+
 
 def setup_logging(exp_dir: str | None = None, level: int = logging.INFO, rank: int | None = None) -> None:
     """Log to stderr and, with ``exp_dir``, to ``exp_dir/log.txt`` (appended, so resumed runs and several
@@ -23,21 +27,49 @@ def setup_logging(exp_dir: str | None = None, level: int = logging.INFO, rank: i
     for h in list(root.handlers):
         root.removeHandler(h)
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    handlers[0].addFilter(lambda record: not getattr(record, "log_file_only", False))
     if exp_dir is not None:
-        handlers.append(logging.FileHandler(os.path.join(exp_dir, "log.txt")))
+        handlers.append(_LogFile(os.path.join(exp_dir, "log.txt")))
     for h in handlers:
         fmt = LOG_FORMAT if rank is None else LOG_FORMAT.replace("[%(processName)s]", f"[rank {rank}][%(processName)s]")
         h.setFormatter(logging.Formatter(fmt, datefmt="%H:%M:%S"))
         root.addHandler(h)
 
 
+class _LogFile(logging.FileHandler):
+    """``log.txt``. When a line cannot be written (a full disk), logging's default prints a traceback to stderr for
+    that line and each one after; here one line says so, and the file is left alone from then on (the terminal
+    still gets every line)."""
+
+    failed = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.failed:
+            super().emit(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        e = sys.exc_info()[1]
+        if not isinstance(e, OSError):  # a bad log call, not the file: logging's own report
+            super().handleError(record)
+            return
+        self.failed = True
+        print(
+            f"msf: warning: {self.baseFilename} can no longer be written ({e}); logging to stderr only", file=sys.stderr
+        )
+
+
 def write_json_atomic(path: str, data: dict) -> None:
     """Write ``data`` as indented JSON through a temporary file and ``os.replace``."""
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".tmp-", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2, sort_keys=True)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):  # a full disk: no half-written temporary file is left behind
+            os.unlink(tmp)
+        raise
 
 
 class TensorBoardSummaries:

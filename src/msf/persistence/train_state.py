@@ -128,6 +128,8 @@ class TrainState:
 
         Raises:
             RuntimeError: a checkpoint does not fit its learner (see the learner's ``load_state_dict``).
+            NoReadableCheckpoint: a policy has checkpoint files and none is readable (``msf-train`` refuses that
+                case before it spawns anything; a broken file met here is only logged, never moved).
         """
         out = cls.fresh(len(learners), stats_avg)
         for p, learner in enumerate(learners):

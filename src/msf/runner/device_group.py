@@ -32,6 +32,7 @@ import msf
 from msf.cfg.config import Config, Derived
 from msf.distributed.collectives import collectives_of, learner_state_tensors
 from msf.distributed.topology import RankInfo, split_evenly
+from msf.envs.families import remove_engine_files
 from msf.envs.registry import EnvSpaces
 from msf.learning.learner import Learner
 from msf.persistence.summaries import TensorBoardSummaries, setup_logging, write_json_atomic
@@ -39,7 +40,7 @@ from msf.persistence.train_state import TrainState
 from msf.runner.experiment import experiment_dir
 from msf.runner.training_loop import Channels, TrainingLoop
 from msf.runtime.affinity import learner_threads, set_learner_niceness, usable_cores, worker_cores
-from msf.runtime.supervision import CTX, spawn, stop_children, use_quiet_executable
+from msf.runtime.supervision import CTX, spawn, stop_budget_s, stop_children, use_quiet_executable
 from msf.sampling.inference_worker import inference_worker_main
 from msf.sampling.messages import InferenceCounters, RolloutCounters
 from msf.sampling.protocol import InferenceWorkerSpec, RolloutWorkerSpec
@@ -60,22 +61,43 @@ class RunFailed(RuntimeError):
 
 
 class _SignalHandler:
-    """First SIGINT/SIGTERM: stop cleanly (final checkpoint). Second SIGINT: exit at once."""
+    """First SIGINT/SIGTERM: stop cleanly (final checkpoint). Second SIGINT: exit at once. A SIGTERM after the
+    first signal changes nothing.
 
-    def __init__(self, loop: TrainingLoop):
-        self.loop, self.count = loop, 0
+    Installed (over whatever the process inherited: a script's background job starts with SIGINT ignored) just
+    before the workers are spawned, so that no signal can cut a spawn short (a child then found its start-up data
+    cut and printed an ``EOFError``); until then a Ctrl-C ends the start-up (exit 130). A signal that comes before
+    the training loop exists is kept for it (:meth:`attach`), and the loop then stops at its first agreement,
+    before any training step. The SIGTERM that may follow the first signal is the node launcher passing a stop on
+    to its ranks: a terminal's Ctrl-C reaches the ranks and the launcher at once, and the launcher cannot tell it
+    from a ``kill -INT`` of its own pid (:class:`msf.runner.launch._NodeSignals`); it is the same stop.
+    """
+
+    def __init__(self) -> None:
+        self.loop: TrainingLoop | None = None
+        self.count = 0
         self.old = {s: signal.signal(s, self) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def attach(self, loop: TrainingLoop) -> None:
+        """The training loop exists: a stop asked for before is passed on now."""
+        self.loop = loop
+        if self.count:
+            loop.request_stop("stopped")
 
     def __call__(self, signum: int, frame: Any) -> None:
         self.count += 1
-        if self.count > 1 and signum == signal.SIGINT:
-            os._exit(130)
+        if self.count > 1:
+            if signum == signal.SIGINT:
+                os._exit(130)
+            return
         log.warning(
-            "received %s: stopping after the current iteration with a final checkpoint%s",
+            "received %s: stopping %s%s",
             signal.Signals(signum).name,
+            "after the current iteration with a final checkpoint" if self.loop else "before the first training step",
             " (Ctrl-C again to exit at once)" if signum == signal.SIGINT else "",
         )
-        self.loop.request_stop("stopped")
+        if self.loop is not None:
+            self.loop.request_stop("stopped")
 
     def restore(self) -> None:
         for s, h in self.old.items():
@@ -92,13 +114,16 @@ def _start_workers(
     stop_event: Event,
     prefix: str = "",
     node_workers: tuple[int, int] | None = None,
+    first_worker: int = 0,
+    device_group: int = 0,
 ) -> Channels:
     """Spawn the inference workers (``policy_workers_per_policy`` per policy) and the rollout workers;
     rollout worker ``w`` has one pipe per policy, to that policy's inference worker ``w % policy_workers_per_policy``.
     Every channel is listed in :mod:`msf.sampling.protocol`.
 
     ``node_workers``: (index of this group's first rollout worker among the node's, the node's rollout workers),
-    for ``--set_workers_cpu_affinity``; None: this group's workers are all of the node's."""
+    for ``--set_workers_cpu_affinity``; None: this group's workers are all of the node's. ``first_worker``,
+    ``device_group``: see :class:`~msf.sampling.protocol.RolloutWorkerSpec`."""
     failures, full_queue, stats_queue = CTX.Queue(), CTX.Queue(), CTX.Queue()
     free_queues = [CTX.Queue() for _ in range(cfg.num_workers)]
     K, P = cfg.policy_workers_per_policy, cfg.num_policies
@@ -154,19 +179,22 @@ def _start_workers(
             parent_pid=me,
             counters=rollout_wait[w],
             cores=pin,
+            first_worker=first_worker,
+            device_group=device_group,
         )
         procs.append(spawn(rollout_worker_main, f"{prefix}rollout_worker_{w}", failures, spec))
     return Channels(full_queue, free_queues, stats_queue, failures, procs, inference_stats, rollout_wait)
 
 
-def run_device_group(cfg: Config, spaces: EnvSpaces, rank: RankInfo) -> dict | None:
+def run_device_group(cfg: Config, spaces: EnvSpaces, rank: RankInfo, heartbeat: Any = None) -> dict | None:
     """Train one policy on this device group until done; rank 0 writes and returns ``summary.json``.
 
     ``cfg`` is the node's resolved config (see :func:`msf.runner.launch.resolve`); this
     group runs its share of the rollout workers. The process group, if any, is already
     initialised. A failed run is logged with its traceback, its summary's ``status`` is
     ``"failed"``, the last checkpoint is left as it was, and then :class:`RunFailed` is raised on
-    every rank (so that every node's launcher sees the failure and may restart).
+    every rank (so that every node's launcher sees the failure and may restart). ``heartbeat``: the rank's
+    :class:`~msf.distributed.rendezvous.Heartbeat` (several ranks), to which the loop reports its progress.
     """
     use_quiet_executable()  # before any queue: the first one starts multiprocessing's resource tracker
     group_cfg = rank_config(cfg, rank)
@@ -203,16 +231,29 @@ def run_device_group(cfg: Config, spaces: EnvSpaces, rank: RankInfo) -> dict | N
         if rank.is_main
         else None
     )
-    stop_event = CTX.Event()
-    ch = _start_rank_workers(cfg, group_cfg, derived, spaces, buffer, weights, device, stop_event, rank)
-    loop = TrainingLoop(cfg, derived, learners, buffer, weights, ch, exp_dir, state, tb, rank, world)
-    signals = _SignalHandler(loop)
+    # From here a signal stops the run cleanly. With several ranks, a rank whose start-up a signal ended (before
+    # this line) makes the others fail in the collective that _start_rank_workers begins with, before any of them
+    # reaches its training loop (where a missing peer would end the run with status "failed").
+    signals = _SignalHandler()
+    try:
+        stop_event = CTX.Event()
+        ch = _start_rank_workers(cfg, group_cfg, derived, spaces, buffer, weights, device, stop_event, rank, world)
+        loop = TrainingLoop(cfg, derived, learners, buffer, weights, ch, exp_dir, state, tb, rank, world, heartbeat)
+    except BaseException:
+        signals.restore()
+        raise
+    signals.attach(loop)
     t0 = time.monotonic()
     status, error = _run_loop(loop, ch, stop_event, tb)
     summary = None
     if rank.is_main:
         summary = loop.reporter.summary(status, time.monotonic() - t0)
-        write_json_atomic(os.path.join(exp_dir, "summary.json"), summary)
+        try:
+            write_json_atomic(os.path.join(exp_dir, "summary.json"), summary)
+        except OSError as e:  # a full disk: the run's own failure (a checkpoint write, say) is what to report
+            log.error("summary.json could not be written: %s", e)
+            if status != "failed":
+                status, error = "failed", e
     # only now: a second Ctrl-C during the teardown above must still exit at once
     signals.restore()
     if status == "failed":
@@ -301,11 +342,15 @@ def _start_rank_workers(
     device: str,
     stop_event: Any,
     rank: RankInfo,
+    world: Any,
 ) -> Channels:
-    """This device group's workers (:func:`_start_workers`), with their own seeds and names."""
+    """This device group's workers (:func:`_start_workers`), with their own seeds and names. Collective (over
+    ``world``, every rank): the ranks' rollout worker counts, for the workers' job-wide indices."""
     # environments are seeded differently on every rank, so that replicas see different experience
     worker_cfg = dataclasses.replace(group_cfg, seed=cfg.seed + 1_000_003 * rank.rank)
     first_worker = sum(split_evenly(cfg.num_workers, rank.nproc_per_node, i) for i in range(rank.local_rank))
+    # the job-wide index of this group's first rollout worker: every node may run its own --num_workers
+    counts = world.all_gather(torch.tensor([group_cfg.num_workers], dtype=torch.int64)).flatten().tolist()
     return _start_workers(
         worker_cfg,
         derived,
@@ -316,6 +361,8 @@ def _start_rank_workers(
         stop_event,
         prefix=f"rank{rank.rank}/" if rank.distributed else "",
         node_workers=(first_worker, cfg.num_workers),
+        first_worker=sum(counts[: rank.rank]),
+        device_group=rank.rank,
     )
 
 
@@ -330,6 +377,7 @@ def _run_loop(
     error: Exception | None = None
     try:
         status = loop.run()
+        stop_event.set()  # the workers close their envs while the final checkpoint is written
         if loop.iteration > 0:  # a stop before the first training step leaves the checkpoints as they were
             loop.save(wait=True)
     except Exception as e:  # noqa: BLE001 - any failure ends the run with status "failed"
@@ -342,7 +390,11 @@ def _run_loop(
             log.error("writing a checkpoint failed: %s", e)
             status, error = "failed", error or e
         stop_event.set()
-        stop_children(ch.procs)
+        # Each worker gets time to close its envs (a fixed 5 s for all of them killed 16 workers of 10 ViZDoom
+        # games each mid-close on 2 busy cores); then each is killed with what it started (its process group),
+        # and the files its engines' controllers would have removed from /dev/shm are removed here.
+        killed = stop_children(ch.procs, stop_budget_s(loop.cfg.num_envs_per_worker))
+        remove_engine_files(killed.values())
         if tb is not None:
             tb.close()
     return status, error

@@ -11,6 +11,7 @@ import time
 
 from msf.cfg.config import FIXED_FLAGS, LAUNCH_FLAGS, Config
 from msf.cfg.validation import ConfigError
+from msf.persistence.checkpoint import scan_checkpoints, set_aside
 from msf.persistence.summaries import write_json_atomic
 
 
@@ -94,3 +95,42 @@ def resume_config(cfg: Config, given: set[str]) -> tuple[Config, list[str]]:
     for name in LAUNCH_FLAGS:
         saved[name] = current[name]
     return Config(**saved), changes
+
+
+def check_checkpoints(cfg: Config, move: bool) -> list[str]:
+    """Before anything is spawned or written: can a resumed experiment load its checkpoints? Read on this node's
+    disk, policy by policy, from the newest back (a policy without any file starts afresh, or gets its state
+    from another node's rank).
+
+    Args:
+        move: set each unreadable file newer than a readable one aside (:func:`msf.persistence.checkpoint.set_aside`),
+            so that the ranks load the readable one and the resumed run's keep-N rotation cannot delete it in
+            favour of the broken file. Only one process per node moves files (the one that prepares the
+            experiment folder); the others only read.
+
+    Returns:
+        one line per unreadable file, with its reason and what became of it (empty: nothing to report).
+
+    Raises:
+        ConfigError: a policy has checkpoint files and none is readable: resuming would silently start from
+            scratch. Nothing is moved then; ``--restart_behavior=restart`` starts anew.
+    """
+    if cfg.restart_behavior != "resume":
+        return []
+    exp_dir = experiment_dir(cfg)
+    scans = [scan_checkpoints(exp_dir, policy=p) for p in range(cfg.num_policies)]
+    unreadable = [bad for scan in scans if scan.state is None for bad in scan.unreadable]
+    if unreadable:
+        files = "; ".join(f"{path} ({reason})" for path, reason in unreadable)
+        raise ConfigError(
+            f"--restart_behavior=resume: no checkpoint of {cfg.experiment!r} is readable, so it cannot resume: "
+            f"{files}. Nothing was changed; --restart_behavior=restart starts it anew (the old folder is moved "
+            "aside)"
+        )
+    notes = []
+    for scan in scans:
+        for path, reason in scan.unreadable:
+            moved = set_aside(path) if move else None
+            aside = f"set aside as {os.path.basename(moved)}; " if moved else ""
+            notes.append(f"checkpoint {path} is unreadable ({reason}); {aside}resuming from {scan.state['path']}")
+    return notes

@@ -19,9 +19,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 import signal
 import sys
 import time
+from multiprocessing.connection import wait
 from typing import Any
 
 import numpy as np
@@ -34,11 +36,20 @@ from msf.cfg.validation import ConfigError
 from msf.distributed.nodes import NodePlan
 from msf.distributed.rendezvous import JOIN_REFUSED_EXIT, Heartbeat, JoinRefused, check_port, join
 from msf.distributed.topology import RankInfo
+from msf.envs.families import remove_engine_files
 from msf.envs.registry import EnvSpaces
 from msf.persistence.summaries import setup_logging
 from msf.runner.device_group import run_device_group
 from msf.runner.experiment import experiment_dir
-from msf.runner.training_loop import ComponentFailed, PeerFailed
+from msf.runner.training_loop import AgreementTimedOut, ComponentFailed, PeerFailed
+from msf.runtime.supervision import (
+    become_subreaper,
+    children_now,
+    end_orphans,
+    release_semaphores,
+    stop_budget_s,
+    use_quiet_executable,
+)
 
 log = logging.getLogger("msf")
 
@@ -145,44 +156,157 @@ def launch(cfg: Config, spaces: EnvSpaces, plan: NodePlan = SINGLE) -> None:
 
 
 def _launch_node(cfg: Config, spaces: EnvSpaces, plan: NodePlan, attempt: int) -> None:
-    """Spawn this node's rank processes and supervise them until they end."""
-    errors = mp.get_context("spawn").SimpleQueue()
-    ctx = mp.start_processes(
-        _rank_main,
-        args=(cfg, spaces, plan, attempt, errors),
-        nprocs=cfg.nproc_per_node,
-        join=False,
-        start_method="spawn",
-    )
-
-    # Ctrl-C reaches every process of the terminal's group, ranks included: they agree on a clean stop,
-    # and the launcher waits for them. A SIGTERM sent to the launcher alone is passed on to the ranks.
-    def forward_term(signum: int, frame: Any) -> None:
-        for p in ctx.processes:
-            if p.is_alive():
-                os.kill(p.pid, signal.SIGTERM)
-
-    old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    old_term = signal.signal(signal.SIGTERM, forward_term)
+    """Spawn this node's rank processes and supervise them until they end; then end what a lost rank left
+    behind (its rollout workers and env engines, re-parented to this subreaper)."""
+    # the ranks (and the resource tracker that the queue below starts) ignore a terminal's Ctrl-C from their
+    # first instruction, as the workers do, until a rank installs its own handlers (_rank_main)
+    use_quiet_executable()
+    signals = _NodeSignals()  # before anything is spawned: a signal that comes meanwhile is passed on too
+    try:
+        errors = mp.get_context("spawn").SimpleQueue()
+        had = children_now()  # a program that calls msf-train may have children of its own: never touched
+        become_subreaper()
+        ctx = mp.start_processes(
+            _rank_main,
+            args=(cfg, spaces, plan, attempt, errors),
+            nprocs=cfg.nproc_per_node,
+            join=False,
+            start_method="spawn",
+        )
+    except BaseException:
+        signals.restore()
+        raise
+    signals.watch(ctx.processes, errors)
     first = plan.node_rank * cfg.nproc_per_node
     try:
-        while not ctx.join(timeout=1.0):
+        while not _join(ctx, signals):
             pass
     except mp.ProcessExitedException as e:
         if e.exit_code == JOIN_REFUSED_EXIT and not errors.empty():
             raise JoinRefused(errors.get()) from None
+        if signals.count and _start_up_interrupted(ctx.processes):
+            raise KeyboardInterrupt from None  # msf-train: "interrupted before training began", exit 130
         raise RuntimeError(f"rank {first + e.error_index} (pid {e.error_pid}) was lost: {e}") from None
     except mp.ProcessRaisedException as e:
-        last = str(e).strip().splitlines()[-1]
+        if signals.count and _start_up_interrupted(ctx.processes):  # a peer's start-up ended: its collectives fail
+            raise KeyboardInterrupt from None
+        # the traceback's last line, without the exception's class ("msf.runner.device_group.RunFailed: ")
+        last = re.sub(r"^[A-Za-z_][\w.]*: ", "", str(e).strip().splitlines()[-1])
         raise RuntimeError(f"rank {first + e.error_index} (pid {e.error_pid}) failed: {last}\n{e}") from None
     finally:
-        signal.signal(signal.SIGINT, old_int)
-        signal.signal(signal.SIGTERM, old_term)
+        try:
+            # a rank that was killed could not stop its workers: they stop by themselves (their parent is gone),
+            # and whatever does not in time is killed with what it started
+            remove_engine_files(end_orphans(stop_budget_s(cfg.num_envs_per_worker), keep=had).values())
+            become_subreaper(False)
+        finally:
+            signals.restore()  # only now: a second Ctrl-C while the orphans stop still exits at once
+
+
+INTERRUPTED_EXIT = 130
+"""The exit code of a rank process whose start-up a signal ended."""
+
+
+class _NodeSignals:
+    """The node launcher's SIGINT and SIGTERM, from before it spawns the ranks until they have ended.
+
+    A terminal's Ctrl-C reaches the launcher and the ranks at once, but a signal sent to the launcher's pid
+    alone (a script's ``kill -INT``, a batch system, a supervisor) reaches only the launcher, which used to
+    ignore SIGINT: the job trained on. So the first signal, SIGINT or SIGTERM, is passed on to every rank as
+    SIGTERM. A rank that trains takes it as the same stop as the Ctrl-C it may have had itself (it does not
+    count as a second one: ``msf.runner.device_group._SignalHandler``) and stops cleanly after the next
+    agreement; a rank still starting ends its start-up (:func:`_rank_main`), and the launcher then ends with
+    ``KeyboardInterrupt`` (exit code 130). A second SIGINT exits at once, as with one device group: the ranks
+    are killed, exit code 130.
+    """
+
+    def __init__(self) -> None:
+        self.procs: list[Any] = []
+        self.errors: Any = None
+        self.count = 0
+        self.old = {s: signal.signal(s, self) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def watch(self, procs: list[Any], errors: Any) -> None:
+        """The ranks have been spawned: pass on a stop that came while they were."""
+        self.procs, self.errors = procs, errors
+        if self.count:
+            self._send(signal.SIGTERM)
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.count += 1
+        if self.count > 1:
+            if signum == signal.SIGINT:
+                self._send(signal.SIGKILL)
+                release_semaphores(self.errors)  # os._exit skips the queue's own clean-up
+                os._exit(130)
+            return
+        log.warning(
+            "received %s: passing the stop on to the device groups%s",
+            signal.Signals(signum).name,
+            " (Ctrl-C again to exit at once)" if signum == signal.SIGINT else "",
+        )
+        self._send(signal.SIGTERM)
+
+    def _send(self, sig: int) -> None:
+        for p in self.procs:
+            try:
+                # not p.is_alive(): its waitpid, run here, could reap a rank under the join in progress
+                os.kill(p.pid, sig)
+            except OSError:  # gone already
+                pass
+
+    def restore(self) -> None:
+        for s, h in self.old.items():
+            signal.signal(s, h)
+
+
+def _join(ctx: Any, signals: _NodeSignals) -> bool:
+    """Wait up to 1 s for a rank to end, then torch's ``ProcessContext.join``: True once every rank has ended,
+    raises when one failed (and ends the others).
+
+    Once a stop was passed on, torch's join comes only when every rank has ended: the first rank to end (its
+    start-up cut short: exit code 130) would make it SIGTERM the others again at once, with a warning of its own,
+    while they are ending anyway."""
+    alive = [p.sentinel for p in ctx.processes if p.is_alive()]
+    if alive:
+        wait(alive, timeout=1.0)
+        if signals.count and any(p.is_alive() for p in ctx.processes):
+            return False
+    return ctx.join(timeout=0)
+
+
+def _start_up_interrupted(procs: list[Any]) -> bool:
+    """A stop ended the start-up of one of these (ended) rank processes: exit code :data:`INTERRUPTED_EXIT`, or
+    SIGTERM while it had not yet run any of msf's code."""
+    return any(p.exitcode in (INTERRUPTED_EXIT, -signal.SIGTERM) for p in procs)
 
 
 def _rank_main(local_rank: int, cfg: Config, spaces: EnvSpaces, plan: NodePlan, attempt: int, errors: Any) -> None:
-    """The target of a spawned rank process: its logging and device, then :func:`_run_rank`; a refused join
-    goes back to the launcher through ``errors`` with exit code :data:`JOIN_REFUSED_EXIT`."""
+    """The target of a spawned rank process: :func:`_rank_process`, whose start-up a SIGINT or SIGTERM ends with
+    exit code :data:`INTERRUPTED_EXIT`.
+
+    The rank starts with SIGINT ignored (:func:`msf.runtime.supervision.use_quiet_executable`); from here until
+    its device group installs its own handler (just before it spawns its workers) either signal raises
+    ``KeyboardInterrupt``, whatever the rank inherited. (torch's wrapper around this function would take a
+    ``KeyboardInterrupt`` for a clean exit, code 0.) A launcher that died while this process was starting
+    ended it the same way: its death signal (torch's ``PR_SET_PDEATHSIG``, SIGINT) came while SIGINT was ignored.
+    """
+    import multiprocessing
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        launcher = multiprocessing.parent_process()
+        if launcher is not None and os.getppid() != launcher.pid:
+            raise KeyboardInterrupt
+        _rank_process(local_rank, cfg, spaces, plan, attempt, errors)
+    except KeyboardInterrupt:
+        sys.exit(INTERRUPTED_EXIT)
+
+
+def _rank_process(local_rank: int, cfg: Config, spaces: EnvSpaces, plan: NodePlan, attempt: int, errors: Any) -> None:
+    """A rank process: its logging and device, then :func:`_run_rank`; a refused join goes back to the launcher
+    through ``errors`` with exit code :data:`JOIN_REFUSED_EXIT`."""
     rank = RankInfo(
         rank=plan.node_rank * cfg.nproc_per_node + local_rank,
         local_rank=local_rank,
@@ -202,6 +326,15 @@ def _rank_main(local_rank: int, cfg: Config, spaces: EnvSpaces, plan: NodePlan, 
         sys.exit(JOIN_REFUSED_EXIT)
 
 
+def _host_label(plan: NodePlan, rank: int, nproc_per_node: int) -> str:
+    """The host of ``rank`` for a message: the host list's name, else the node and, on one node, this host."""
+    if plan.hosts is None and plan.nnodes == 1:
+        import socket
+
+        return f"node 0, {socket.gethostname()}"
+    return plan.host_of(rank, nproc_per_node)
+
+
 def _run_rank(rank: RankInfo, cfg: Config, spaces: EnvSpaces, plan: NodePlan, attempt: int) -> None:
     """Join the job, train, leave; a failure names the ranks that were lost, if any.
 
@@ -212,12 +345,14 @@ def _run_rank(rank: RankInfo, cfg: Config, spaces: EnvSpaces, plan: NodePlan, at
     cfg = meeting.cfg
     # every replica logs when it entered and left initialisation: all enter before any leaves
     log.info("joined the process group: entered %.3f left %.3f", entered, time.time())
-    beat = Heartbeat(meeting.store, rank, cfg.dist_timeout)
+    beat = Heartbeat(meeting.store, rank, cfg.dist_timeout, lambda r: _host_label(plan, r, cfg.nproc_per_node))
     try:
-        run_device_group(cfg, spaces, rank)
+        run_device_group(cfg, spaces, rank, beat)
     except Exception as e:
-        # a failure every rank agreed on names its cause already; anything else may be a lost peer
-        lost = [] if isinstance(e.__cause__, (ComponentFailed, PeerFailed)) else beat.lost_ranks()
+        # a failure every rank agreed on names its cause already, and so does a timed-out agreement; anything
+        # else may be a lost peer
+        named = (ComponentFailed, PeerFailed, AgreementTimedOut)
+        lost = [] if isinstance(e.__cause__, named) else beat.lost_ranks()
         if lost:
             where = ", ".join(f"rank {r} ({plan.host_of(r, cfg.nproc_per_node)})" for r in lost)
             raise RuntimeError(f"lost {where}: {e}") from None

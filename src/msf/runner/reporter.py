@@ -311,61 +311,8 @@ class Reporter:
 
     # --- summary.json ---------------------------------------------------------------------------
     def summary(self, status: str, wall: float) -> dict:
-        """``summary.json``: the run's figures (those of policy 0 at the top level) and ``policies``, keyed by
-        policy id, each with its return, episode length, train steps, policy version and lag; ``wall``: the
-        seconds the run took (its FPS is counted over them)."""
-        cfg, c, gs = self.cfg, self.state, self.global_stats
-        run_frames = (c.env_steps - self.start_steps) * cfg.env_frameskip
-        per_policy = gs.get("policies") or [{} for _ in self.policies]
-        policies = {
-            str(p): {
-                "episode_return_mean": ps.get("return_mean"),
-                "episode_length_mean": ps.get("length_mean"),
-                "train_steps": learner.train_step,
-                "policy_version": learner.policy_version,
-                "policy_lag_mean": ps.get("lag_mean", pr.lag[1]),
-                "best_metric": c.policies[p].best_metric,
-                # the configured base (a PBT-perturbed one included) ...
-                "hyperparameters": learner.hyperparameters(),
-                # ... and the lr the optimiser holds now, which a kl_adaptive or linear_decay schedule moves away
-                # from it (the checkpoint's "lr"); reported alone, the base was mistaken for the current one
-                "learning_rate_current": learner.lr,
-                "empty_batches": ps.get("empty_batches", pr.empty_batches),
-            }
-            for p, (learner, pr, ps) in enumerate(zip(self.learners, self.policies, per_policy))
-        }
-        lag, learner = self.policies[0].lag, self.learners[0]
-        return {
-            "status": status,
-            "env": cfg.env,
-            "experiment": cfg.experiment,
-            "msf_version": msf.__version__,
-            "env_steps": c.env_steps,
-            "env_frames": c.env_steps * cfg.env_frameskip,
-            "wall_seconds": wall,
-            "fps": run_frames / max(wall, 1e-9),
-            "train_steps": learner.train_step,
-            "policy_version": learner.policy_version,
-            "episodes": c.episodes,
-            "episode_return_mean": gs.get("return_mean"),
-            "episode_length_mean": gs.get("length_mean"),
-            "policy_lag_mean": gs.get("lag_mean", lag[1]),
-            "policy_lag_max": gs.get("lag_max", lag[2]),
-            "dropped_trajectories": c.dropped_trajectories,
-            "world_size": self.rank.world_size,
-            "nproc_per_node": self.rank.nproc_per_node,
-            "nnodes": self.rank.nnodes,
-            "fps_per_rank": gs.get("fps_per_rank"),
-            "seed": cfg.seed,
-            "num_policies": cfg.num_policies,
-            "policies": policies,
-            "pbt_replacements": c.pbt_replacements,
-            # seconds from spawning the workers until every env of rank 0's device group had started (None:
-            # the run ended before)
-            "envs_started_after_s": self.envs_started_after_s,
-            # the env steps of the checkpoint this run resumed from (None: it started from scratch)
-            "resumed_from_env_steps": c.resumed_env_steps,
-        }
+        """``summary.json`` (see :func:`run_summary`); ``wall``: the seconds the run took."""
+        return run_summary(self, status, wall)
 
 
 def retune_learner_threads(waits: Sequence[float], n_rollout: int, n_inference: int, groups_per_node: int) -> None:
@@ -394,11 +341,69 @@ def learner_threads_note(
         load = f"the workers kept {busy:.2f} of {cores:.2f} cores busy"
     else:
         load = (
-            f"{n_rollout + n_inference} workers on {cores:.2f} cores, not waiting for each other "
-            f"{100 * (1 - rollout_wait):.0f}% (rollout) and {100 * (1 - inference_wait):.0f}% (inference) of the "
-            "time: the cores are oversubscribed"
+            f"{n_rollout} rollout and {n_inference} inference worker(s) on {cores:.2f} cores were busy or waiting "
+            f"for a core {100 * (1 - rollout_wait):.0f}% and {100 * (1 - inference_wait):.0f}% of the time: the "
+            "cores are oversubscribed"
         )
     return (
         f"{after} torch thread(s) from now on, was {before} ({load}; the learner waited {100 * learner_wait:.0f}% "
         "of the time; --learner_threads=N fixes the number)"
     )
+
+
+def run_summary(rep: Reporter, status: str, wall: float) -> dict:
+    """``summary.json``: the run's figures (those of policy 0 at the top level) and ``policies``, keyed by
+    policy id, each with its return, episode length, train steps, policy version and lag; ``wall``: the
+    seconds the run took (its FPS is counted over them)."""
+    cfg, c, gs = rep.cfg, rep.state, rep.global_stats
+    run_frames = (c.env_steps - rep.start_steps) * cfg.env_frameskip
+    per_policy = gs.get("policies") or [{} for _ in rep.policies]
+    policies = {
+        str(p): {
+            "episode_return_mean": ps.get("return_mean"),
+            "episode_length_mean": ps.get("length_mean"),
+            "train_steps": learner.train_step,
+            "policy_version": learner.policy_version,
+            "policy_lag_mean": ps.get("lag_mean", pr.lag[1]),
+            "best_metric": c.policies[p].best_metric,
+            # the configured base (a PBT-perturbed one included) ...
+            "hyperparameters": learner.hyperparameters(),
+            # ... and the lr the optimiser holds now, which a kl_adaptive or linear_decay schedule moves away
+            # from it (the checkpoint's "lr"); reported alone, the base was mistaken for the current one
+            "learning_rate_current": learner.lr,
+            "empty_batches": ps.get("empty_batches", pr.empty_batches),
+        }
+        for p, (learner, pr, ps) in enumerate(zip(rep.learners, rep.policies, per_policy))
+    }
+    lag, learner = rep.policies[0].lag, rep.learners[0]
+    return {
+        "status": status,
+        "env": cfg.env,
+        "experiment": cfg.experiment,
+        "msf_version": msf.__version__,
+        "env_steps": c.env_steps,
+        "env_frames": c.env_steps * cfg.env_frameskip,
+        "wall_seconds": wall,
+        "fps": run_frames / max(wall, 1e-9),
+        "train_steps": learner.train_step,
+        "policy_version": learner.policy_version,
+        "episodes": c.episodes,
+        "episode_return_mean": gs.get("return_mean"),
+        "episode_length_mean": gs.get("length_mean"),
+        "policy_lag_mean": gs.get("lag_mean", lag[1]),
+        "policy_lag_max": gs.get("lag_max", lag[2]),
+        "dropped_trajectories": c.dropped_trajectories,
+        "world_size": rep.rank.world_size,
+        "nproc_per_node": rep.rank.nproc_per_node,
+        "nnodes": rep.rank.nnodes,
+        "fps_per_rank": gs.get("fps_per_rank"),
+        "seed": cfg.seed,
+        "num_policies": cfg.num_policies,
+        "policies": policies,
+        "pbt_replacements": c.pbt_replacements,
+        # seconds from spawning the workers until every env of rank 0's device group had started (None:
+        # the run ended before)
+        "envs_started_after_s": rep.envs_started_after_s,
+        # the env steps of the checkpoint this run resumed from (None: it started from scratch)
+        "resumed_from_env_steps": c.resumed_env_steps,
+    }

@@ -20,6 +20,7 @@ from typing import Any
 from msf.cfg.config import Config, Derived
 from msf.distributed.agreement import Decision, Proposal, agree
 from msf.distributed.collectives import Collectives, learner_state_tensors
+from msf.distributed.rendezvous import RankProgress
 from msf.distributed.topology import RankInfo
 from msf.learning.batcher import Batch, Batcher
 from msf.learning.learner import Learner
@@ -42,6 +43,11 @@ class ComponentFailed(RuntimeError):
 
 class PeerFailed(RuntimeError):
     """Another replica reported a failure in the per-iteration agreement."""
+
+
+class AgreementTimedOut(RuntimeError):
+    """This replica waited ``--dist_timeout`` in an agreement that another replica never came to (the message
+    names it and what it did last)."""
 
 
 @dataclass
@@ -105,7 +111,9 @@ class TrainingLoop:
         cfg, derived: the run's config. learners, weights: per policy, its learner and published weights.
         buffer: the device group's trajectory buffer. ch: its queues and processes. exp_dir: the experiment
             folder. state: the run's counters (restored or fresh). tb: rank 0's TensorBoard writer.
-        rank: this device group's rank. world: the collectives over all ranks.
+        rank: this device group's rank. world: the collectives over all ranks. heartbeat: this rank's
+            :class:`~msf.distributed.rendezvous.Heartbeat` (None: one rank), which publishes the loop's progress
+            and explains a timed-out agreement.
     """
 
     def __init__(
@@ -121,8 +129,11 @@ class TrainingLoop:
         tb: TensorBoardSummaries | None,
         rank: RankInfo,
         world: Collectives,
+        heartbeat: Any = None,
     ):
         self.cfg, self.derived, self.learners, self.weights = cfg, derived, learners, weights
+        self.heartbeat = heartbeat
+        self.progress = heartbeat.progress if heartbeat is not None else RankProgress()
         self.ch, self.state, self.rank, self.world = ch, state, rank, world
         self.start_time = time.monotonic()
         P = len(learners)
@@ -192,7 +203,18 @@ class TrainingLoop:
             has_batch=tuple(b is not None for b in batches),
         )
         self.since_agreement = _Counts()
-        d = agree(proposal, self.world)
+        self.progress.entered += 1
+        t0 = time.monotonic()
+        try:
+            d = agree(proposal, self.world)
+        except Exception as e:
+            # gloo names the rank that waited, not the one that never came: ask the others' progress records
+            waited = time.monotonic() - t0 >= 0.9 * self.cfg.dist_timeout
+            absent = self.heartbeat.absent_from_agreement() if waited and self.heartbeat is not None else None
+            if absent:
+                raise AgreementTimedOut(absent) from e
+            raise
+        self.progress.agreed += 1
         self.state.env_steps += d.env_steps
         self.reporter.note_steps()
         self.state.episodes += d.episodes
@@ -247,9 +269,12 @@ class TrainingLoop:
         except (ComponentFailed, ChildDied) as e:
             failure = e
         self.batcher.receive(timeout=0.05)
+        if self.batcher.received != self.progress.trajectories:
+            self.progress.trajectories, self.progress.last_trajectory = self.batcher.received, time.time()
         batches = self._take_batches()
         self._drain_stats()
         self.reporter.show_progress()
+        self.reporter.startup_progress()
         now = time.monotonic()
         time_spent = now - self.start_time >= self.cfg.train_for_seconds
         if all(b is None for b in batches) and failure is None and self.stop_reason is None and not time_spent:
@@ -272,6 +297,7 @@ class TrainingLoop:
             return True
         self._train_agreed(d, batches)
         self.iteration += 1
+        self.progress.iteration = self.iteration
         if self.pbt.due(self.frames):
             self.pbt.run(self.frames)
         if self.cfg.ddp_check_interval and self.iteration % self.cfg.ddp_check_interval == 0:

@@ -1,18 +1,23 @@
-"""Starting and watching child processes.
+"""Starting, watching and ending child processes.
 
 Every child is started one way, :func:`spawn` (the ``spawn`` start method: no inherited
-locks or CUDA state). A child ignores SIGINT (a Ctrl-C reaches the whole process group;
-only the main process decides how to stop), reports an exception as a
+locks or CUDA state). A child ignores SIGINT (only the main process decides how to stop),
+leads a process group of its own (so whatever it starts, such as ViZDoom's engine
+processes, can be ended with it: :func:`stop_children`), reports an exception as a
 :class:`ComponentFailure` on the failure queue, and exits non-zero.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import multiprocessing
 import os
 import signal
+import time
 import traceback
 from dataclasses import dataclass
+from multiprocessing.connection import wait
 from multiprocessing.queues import Queue
 from typing import Any, Callable
 
@@ -33,6 +38,7 @@ class ComponentFailure:
 
 def _child_main(target: Callable[..., None], name: str, failures: Queue, log_level: int, args: tuple) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _lead_own_process_group()
     logging.basicConfig(level=log_level, format=f"[%(asctime)s][{name}][pid {os.getpid()}] %(message)s")
     try:
         target(*args)
@@ -44,7 +50,87 @@ def _child_main(target: Callable[..., None], name: str, failures: Queue, log_lev
             failures.close()
             failures.join_thread()
         finally:
+            _release_if_orphaned(failures, args)
             os._exit(1)
+    _release_if_orphaned(failures, args)
+
+
+def _release_if_orphaned(*handed: Any) -> None:
+    """When the process that spawned this child is gone (killed: SIGKILL, the OOM killer, a second Ctrl-C's
+    ``os._exit``), release the semaphores of the queues and events it handed to this child.
+
+    The parent created them, and multiprocessing's resource tracker (one per job: the node launcher, its ranks
+    and their workers share it) keeps their names until the parent unregisters them, which a killed parent
+    never does. At the job's end the tracker then removed them itself, with "resource_tracker: There appear to
+    be 17 leaked semaphore objects to clean up at shutdown" (a killed device group's four queues and its stop
+    event). Its children outlive it by the 0.5 s between their checks of the parent, and between them they hold
+    every one of those semaphores; the first to unlink a name also takes it off the tracker's list.
+    """
+    parent = multiprocessing.parent_process()
+    if parent is not None and os.getppid() != parent.pid:
+        release_semaphores(*handed)
+
+
+def release_semaphores(*objs: Any) -> None:
+    """Unlink the named semaphores of the ``multiprocessing`` queues and events in ``objs`` (at any depth of
+    dataclasses, lists, tuples and dicts) and take them off the resource tracker's list, so that the tracker
+    does not report them as leaked. A name already unlinked (by another process) is left alone."""
+    from _multiprocessing import sem_unlink
+    from multiprocessing import resource_tracker
+
+    for name in semaphore_names(*objs):
+        try:
+            sem_unlink(name)
+        except OSError:  # FileNotFoundError: another process released it
+            continue
+        resource_tracker.unregister(name, "semaphore")
+
+
+def semaphore_names(*objs: Any) -> list[str]:
+    """The names of the semaphores that the ``multiprocessing`` queues, events, conditions and locks in ``objs``
+    are built of, found through dataclasses, lists, tuples and dicts (nothing else is entered)."""
+    from multiprocessing.queues import SimpleQueue
+    from multiprocessing.synchronize import Condition, Event, SemLock
+
+    names: list[str] = []
+    seen: set[int] = set()
+    todo = list(objs)
+    while todo:
+        o = todo.pop()
+        if id(o) in seen:
+            continue
+        seen.add(id(o))
+        if isinstance(o, SemLock):
+            name = getattr(o._semlock, "name", None)
+            if name:
+                names.append(name)
+        elif isinstance(o, (Queue, SimpleQueue, Event, Condition)):
+            todo.extend(vars(o).values())
+        elif isinstance(o, dict):
+            todo.extend(o.values())
+        elif isinstance(o, (list, tuple, set, frozenset)):
+            todo.extend(o)
+        elif dataclasses.is_dataclass(o) and not isinstance(o, type):
+            todo.extend(getattr(o, f.name) for f in dataclasses.fields(o))
+    return names
+
+
+def _lead_own_process_group() -> None:
+    """Make this child the leader of a process group of its own, before it starts anything.
+
+    The processes it starts join that group (ViZDoom's engines: one per env, started by the env's controller in
+    the rollout worker). When the worker dies before it closed its envs (SIGTERM, which it does not catch, at
+    the end of a stop budget; a crash), its engines are orphaned, and they wait for ever on their message
+    queue (they catch SIGTERM, but act on it only between game tics): 43 of them were left behind by one run.
+    Their group outlives the worker, so :func:`stop_children` ends them by it. The group also keeps a
+    terminal's Ctrl-C (sent to the foreground group) away from the engines, which exit on SIGINT: a Ctrl-C
+    meant as a clean stop ended every engine, and the next step of each env raised ("Controlled ViZDoom
+    instance exited unexpectedly").
+    """
+    try:
+        os.setpgid(0, 0)
+    except OSError:  # not permitted (a session leader): the child stays in its parent's group
+        pass
 
 
 def spawn(target: Callable[..., None], name: str, failures: Queue, *args: Any) -> mp.Process:
@@ -126,18 +212,239 @@ def killed_children(procs: list[mp.Process]) -> list[mp.Process]:
     return [p for p in procs if not p.is_alive() and p.exitcode is not None and p.exitcode < 0]
 
 
-def stop_children(procs: list[mp.Process], timeout_s: float = 5.0) -> None:
-    """Join children; terminate, then kill, those still alive after ``timeout_s``."""
-    import time
+def stop_budget_s(envs_per_child: int) -> float:
+    """How long :func:`stop_children` waits for children that close ``envs_per_child`` envs each before it
+    kills them: 10 s, plus 3 s per env (a ViZDoom engine's exit is a round trip with a process that runs at
+    niceness 10 on an oversubscribed machine; the envs of one worker are closed one after the other)."""
+    return 10.0 + 3.0 * max(0, envs_per_child)
 
+
+@dataclass(frozen=True)
+class ProcessEntry:
+    """One line of the process table (:func:`process_table`)."""
+
+    pid: int
+    ppid: int
+    pgid: int
+    sid: int
+    state: str  # "Z": a zombie (dead, not yet reaped)
+
+
+def process_table() -> list[ProcessEntry]:
+    """Every process of this machine, from ``/proc/<pid>/stat`` (empty where there is no ``/proc``)."""
+    out = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return out
+    for d in names:
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat", "rb") as f:
+                stat = f.read().decode(errors="replace")
+            # the command name (2nd field) may hold spaces and parentheses: the fields after it follow the last ")"
+            rest = stat[stat.rindex(")") + 2 :].split()
+            out.append(ProcessEntry(int(d), int(rest[1]), int(rest[2]), int(rest[3]), rest[0]))
+        except (OSError, ValueError, IndexError):  # gone meanwhile
+            continue
+    return out
+
+
+def command_line(pid: int) -> list[str]:
+    """The arguments ``pid`` was started with (empty when it is gone or a zombie)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return []
+
+
+def group_members(pgids: set[int]) -> list[ProcessEntry]:
+    """The processes of this session (zombies included) whose process group is one of ``pgids``: what children
+    that lead their own groups (:func:`spawn`) started, even after the child itself has died. (A pid is not
+    reused while a process group of that number has members, and the session check keeps other sessions'
+    processes out if the number was reused since.)"""
+    if not pgids:
+        return []
+    sid = os.getsid(0)
+    return [e for e in process_table() if e.pgid in pgids and e.sid == sid]
+
+
+def end_groups(
+    pgids: set[int], seen: dict[int, list[str]], managed: set[int] = frozenset(), timeout_s: float = 5.0
+) -> None:
+    """SIGKILL every live member of the process groups ``pgids`` (:func:`group_members`) until none is left
+    (at most ``timeout_s``); add each one's command line to ``seen`` (pid -> arguments) first, so that what
+    it leaves behind can be found (:func:`msf.envs.families.remove_engine_files`). Members that became this
+    process's children (orphans, when it is a subreaper: :func:`become_subreaper`) are reaped, except those in
+    ``managed`` (``multiprocessing`` children: their ``Process`` object reaps them)."""
     deadline = time.monotonic() + timeout_s
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
-    for p in procs:
-        if p.is_alive():
-            p.terminate()
-    for p in procs:
-        p.join(1.0)
-        if p.is_alive():
+    me = os.getpid()
+    left: list[ProcessEntry] = []
+    while time.monotonic() < deadline:
+        members = group_members(pgids)
+        left = [e for e in members if e.state != "Z"]
+        zombies = [e for e in members if e.state == "Z" and e.ppid == me and e.pid not in managed]
+        if not left and not zombies:
+            return
+        for e in left:
+            if e.pid not in seen:
+                seen[e.pid] = command_line(e.pid)
+            _kill(e.pid)
+        for e in zombies:
+            _reap(e.pid)
+        time.sleep(0.05)
+    if left:
+        log.warning("processes %s could not be ended", [e.pid for e in left])
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:  # gone already
+        pass
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except OSError:  # not our child, or reaped already
+        pass
+
+
+def stop_children(procs: list[mp.Process], timeout_s: float = 5.0, slow_note_s: float = 5.0) -> dict[int, list[str]]:
+    """Wait up to ``timeout_s`` for the children to exit by themselves (they have been told to stop), then end
+    what is left: each child's whole process group (:func:`_lead_own_process_group`), so that the processes a
+    child started (env engines) go with it, also those of a child that died earlier. After ``slow_note_s`` the
+    log says who is still stopping; a child that had to be killed is named.
+
+    Returns:
+        pid -> command line of every process that had to be killed besides the children (engines: what they
+        leave in /dev/shm can be found from it).
+    """
+    t0 = time.monotonic()
+    deadline = t0 + timeout_s
+    noted = False
+    while True:
+        alive = [p for p in procs if p.is_alive()]
+        now = time.monotonic()
+        if not alive or now >= deadline:
+            break
+        if not noted and now - t0 >= slow_note_s:
+            noted = True
+            log.info(
+                "waiting up to %.0f s more for %s to stop (closing their environments)",
+                deadline - now,
+                ", ".join(p.name for p in alive),
+            )
+        wait([p.sentinel for p in alive], timeout=min(0.5, deadline - now))
+    if alive:
+        log.warning(
+            "%s did not stop within %.0f s: killed, with the processes they started",
+            ", ".join(f"{p.name} (pid {p.pid})" for p in alive),
+            timeout_s,
+        )
+    own = {p.pid for p in procs if p.pid is not None and _leads_group(p.pid)}
+    seen: dict[int, list[str]] = {}
+    for p in alive:
+        if p.pid not in own:
             p.kill()
-            p.join(1.0)
+    end_groups(own, seen, managed={p.pid for p in procs})
+    for p in procs:
+        p.join(5.0)
+    return {pid: args for pid, args in seen.items() if pid not in {p.pid for p in procs}}
+
+
+def _leads_group(pid: int) -> bool:
+    """``pid`` (one of our children, alive or a zombie, or dead and reaped) was started by :func:`spawn`, which
+    makes every child a group leader; True when its group is its own (or it can no longer be asked: then the
+    group, if it still has members, is still the child's, since the number stays taken while it has any)."""
+    try:
+        return os.getpgid(pid) == pid
+    except OSError:
+        return True
+
+
+PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+
+
+def become_subreaper(on: bool = True) -> bool:
+    """Make this process the subreaper of its descendants (Linux 3.4+; ``on=False``: no longer): one whose parent
+    dies is re-parented to this process instead of init, so it stays within reach of :func:`end_orphans`. The
+    node launcher does this while its device groups run: the rollout workers and env engines of one that was
+    killed come back to it.
+
+    Returns:
+        True when the kernel accepted it.
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def children_now() -> set[int]:
+    """The pids of this process's children at this moment (from the process table)."""
+    me = os.getpid()
+    return {e.pid for e in process_table() if e.ppid == me}
+
+
+def managed_children() -> set[int]:
+    """The pids of this process's children that something else reaps: ``multiprocessing``'s processes (their
+    ``Process`` objects) and its resource tracker."""
+    import multiprocessing
+    from multiprocessing import process, resource_tracker
+
+    pids = {p.pid for p in process._children if p.pid is not None}  # type: ignore[attr-defined]
+    pids |= {p.pid for p in multiprocessing.active_children()}
+    tracker = getattr(getattr(resource_tracker, "_resource_tracker", None), "_pid", None)
+    return pids | ({tracker} if tracker else set())
+
+
+def end_orphans(timeout_s: float, keep: set[int] = frozenset()) -> dict[int, list[str]]:
+    """End what was re-parented to this subreaper (:func:`become_subreaper`): its children other than
+    :func:`managed_children` and ``keep`` (those it had before it started the device groups: see
+    :func:`children_now`), such as the rollout workers of a device group that was killed, and their engines.
+    Wait up to ``timeout_s`` for them to exit by themselves (a rollout worker notices within 0.5 s that its
+    parent is gone, and closes its envs), then SIGKILL them with their process groups; reap them.
+
+    Returns:
+        pid -> command line of every process that had to be killed (see :func:`stop_children`).
+    """
+    me, own_group = os.getpid(), os.getpgid(0)
+    deadline = time.monotonic() + timeout_s
+    groups: set[int] = set()
+    noted = False
+    while True:
+        managed = managed_children() | keep
+        orphans = [e for e in process_table() if e.ppid == me and e.pid not in managed]
+        for e in orphans:
+            if e.state == "Z":
+                _reap(e.pid)
+        live = [e for e in orphans if e.state != "Z"]
+        groups |= {e.pgid for e in orphans if e.pgid != own_group}
+        if not live or time.monotonic() >= deadline:
+            break
+        if not noted:
+            noted = True
+            log.info("waiting up to %.0f s for %d process(es) of a lost device group to stop", timeout_s, len(live))
+        time.sleep(0.2)
+    seen: dict[int, list[str]] = {}
+    if live:
+        log.warning("processes %s of a lost device group did not stop: killed", [e.pid for e in live])
+    for e in live:
+        if e.pgid == own_group:  # not one of our group leaders: only this process
+            seen[e.pid] = command_line(e.pid)
+            _kill(e.pid)
+    end_groups(groups, seen, managed_children() | keep)
+    deadline = time.monotonic() + 2.0
+    while live and time.monotonic() < deadline:  # reap the ones killed above (those in our own group)
+        for e in live:
+            _reap(e.pid)
+        live = [e for e in live if os.path.exists(f"/proc/{e.pid}")]
+        time.sleep(0.05)
+    return seen

@@ -75,13 +75,14 @@ class InferenceCounters:
 
 
 class RolloutCounters:
-    """What one rollout worker has spent so far, in shared memory: seconds waiting for actions or a free slot.
+    """What one rollout worker has done so far, in shared memory: seconds waiting for actions or a free slot,
+    and envs made and started (the start-up's progress, which the training loop reports).
 
     Args:
-        shared: a ``[1]`` float64 tensor (None: allocate one in shared memory).
+        shared: a ``[3]`` float64 tensor (None: allocate one in shared memory).
     """
 
-    SIZE = 1
+    SIZE = 3
 
     def __init__(self, shared: torch.Tensor | None = None):
         self.tensor = torch.zeros(self.SIZE, dtype=torch.float64).share_memory_() if shared is None else shared
@@ -99,3 +100,15 @@ class RolloutCounters:
     @property
     def wait_seconds(self) -> float:
         return float(self._v[0])
+
+    def add_env(self, stage: str) -> None:
+        """One more env ``"made"`` or ``"started"`` (first reset done)."""
+        self._v[1 if stage == "made" else 2] += 1
+
+    @property
+    def envs_made(self) -> int:
+        return int(self._v[1])
+
+    @property
+    def envs_started(self) -> int:
+        return int(self._v[2])

@@ -139,8 +139,13 @@ class RolloutWorkerSpec:
         stats_queue: where finished episodes are reported.
         stop_event: set to stop.
         parent_pid: the process whose death stops the worker (None: no parent to watch, one process).
-        counters: the shared counter of its seconds spent waiting (for actions or a free slot).
+        counters: the shared counters of its seconds spent waiting (for actions or a free slot) and of its envs
+            made so far (start-up progress).
         cores: CPU cores to pin the process to (None: leave it floating).
+        first_worker: the job-wide index of this device group's rollout worker 0 (the sum of the rollout
+            workers of the ranks before it): the worker's ``env_config`` has ``worker_index = first_worker +
+            index`` and ``env_index = worker_index * num_envs_per_worker + i``, unique over the job.
+        device_group: the rank of the worker's device group (``env_config["device_group"]``).
     """
 
     cfg: Config
@@ -155,6 +160,8 @@ class RolloutWorkerSpec:
     parent_pid: int | None
     counters: RolloutCounters
     cores: list[int] | None = None
+    first_worker: int = 0
+    device_group: int = 0
 
 
 @dataclass(frozen=True)

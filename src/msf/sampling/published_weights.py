@@ -40,6 +40,11 @@ class PublishedWeights:
         # [seq, version]: seq is odd while the learner writes
         self.header = torch.zeros(2, dtype=torch.int64).share_memory_()
 
+    @staticmethod
+    def tensor_bytes(model: nn.Module) -> list[int]:
+        """The bytes of each shared tensor that publishing ``model`` allocates (its state and the header)."""
+        return [t.numel() * t.element_size() for t in model.state_dict().values()] + [2 * 8]
+
     @property
     def version(self) -> int:
         # through numpy: a tensor index costs microseconds, and inference workers ask before every batch

@@ -18,8 +18,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from msf.cfg.config import Config
-from msf.envs.vector import make_split
+from msf.envs.vector import close_all, make_split
 from msf.runtime.affinity import ROLLOUT_NICENESS, pin_this_process, raise_niceness
 from msf.runtime.supervision import parent_alive
 from msf.sampling.messages import EpisodeStats, FullTrajectories
@@ -47,8 +46,9 @@ class RolloutWorker:
 
     Args:
         spec: what the worker is given (see :class:`~msf.sampling.protocol.RolloutWorkerSpec`).
-        make_split: builds the env split of ``(cfg, worker index, global env indices, seed)`` (see
-            :class:`~msf.sampling.protocol.EnvSplit`); tests inject fakes here.
+        make_split: builds the env split of ``(cfg, job-wide worker index, job-wide env indices, seed,
+            device_group, on_env)`` (see :class:`~msf.sampling.protocol.EnvSplit` and
+            :class:`~msf.envs.vector.GymSplit`); tests inject fakes here.
         send_request: ``(policy, split)``: ask that policy's inference worker for the split's actions.
             None: one byte on ``spec.conns[policy]``.
     """
@@ -56,7 +56,7 @@ class RolloutWorker:
     def __init__(
         self,
         spec: RolloutWorkerSpec,
-        make_split: Callable[[Config, int, list[int], int], EnvSplit] = make_split,
+        make_split: Callable[..., EnvSplit] = make_split,
         send_request: Callable[[int, int], None] | None = None,
     ):
         cfg, derived, index, buffer = spec.cfg, spec.derived, spec.index, spec.buffer
@@ -78,12 +78,19 @@ class RolloutWorker:
         first = index * derived.slots_per_worker
         self.free_slots = collections.deque(range(first, first + derived.slots_per_worker))
         seed = cfg.seed if cfg.seed is not None else int(np.random.SeedSequence().entropy % (2**31))
-        # one EnvSplit per split: envs [lo, hi) of this worker, global env index index * E + e
+        # One EnvSplit per split: envs [lo, hi) of this worker. The indices the envs see are the job's, not the
+        # device group's: every rank used to give its envs worker_index 0.. and env_index 0.., so an env that
+        # picks a level or seeds itself from them did the same on every rank.
         n_env, e_split = cfg.num_envs_per_worker, derived.envs_per_split
-        self.splits = [
-            make_split(cfg, index, [index * n_env + e for e in range(s * e_split, (s + 1) * e_split)], seed)
-            for s in range(cfg.worker_num_splits)
-        ]
+        job_index = spec.first_worker + index
+        self.splits: list[EnvSplit] = []
+        try:
+            for s in range(cfg.worker_num_splits):
+                envs = [job_index * n_env + e for e in range(s * e_split, (s + 1) * e_split)]
+                self.splits.append(make_split(cfg, job_index, envs, seed, spec.device_group, self._env_made))
+        except BaseException:
+            self.close()  # the envs made so far (ViZDoom's engines are processes): a stop or failure mid-start
+            raise
         space = self.splits[0].action_space
         self.action_bounds = (space.low, space.high) if hasattr(space, "low") else None
         self.ep_return = np.zeros(self.E, dtype=np.float64)
@@ -100,6 +107,16 @@ class RolloutWorker:
         self.row_policy = np.zeros(self.E, dtype=np.int64)
         self.episode_ended = np.zeros(self.E, dtype=bool)  # since the row's trajectory started
         self.waiting = np.zeros(cfg.worker_num_splits, dtype=np.int64)  # replies still due per split
+
+    def _env_made(self, stage: str) -> None:
+        """After each env is made (``stage`` "made") and after its first reset ("started": a ViZDoom engine
+        starts then): count it (the training loop reports the start-up's progress) and stop the start-up if the
+        run is stopping. Starting a worker's envs can take minutes (160 ViZDoom games on 2 cores took 5): the
+        worker used to check the stop event only once all had started, so a run stopped or ended meanwhile
+        waited for them, and killed the worker mid-start when its stop budget ran out, leaving its engines
+        behind."""
+        self.counters.add_env(stage)
+        self._check_stop()
 
     def _take_slot(self) -> int:
         """A free slot of this worker; blocks (back-pressure from the learner) until one is returned."""
@@ -278,9 +295,8 @@ class RolloutWorker:
             self.close()
 
     def close(self) -> None:
-        """Close every env."""
-        for envs in self.splits:
-            envs.close()
+        """Close every env, even when one of them fails to (the first failure is raised after)."""
+        close_all(envs.close for envs in self.splits)
 
 
 def rollout_worker_main(spec: RolloutWorkerSpec) -> None:
@@ -292,4 +308,8 @@ def rollout_worker_main(spec: RolloutWorkerSpec) -> None:
     if spec.cfg.num_workers > 1:  # the envs it starts (ViZDoom's engine processes) inherit the niceness
         log.info("rollout worker %d runs at niceness %d", spec.index, raise_niceness(ROLLOUT_NICENESS))
     torch.set_num_threads(1)
-    RolloutWorker(spec).run()
+    try:
+        worker = RolloutWorker(spec)
+    except Stopped:  # the run stopped while the envs were being made (they are closed)
+        return
+    worker.run()

@@ -14,6 +14,7 @@ travel through pipes and queues; no trajectory is pickled.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,24 +59,38 @@ class TrajectoryBuffer:
     cursors: torch.Tensor
     slot_policy: torch.Tensor  # [S] int64: the policy whose trajectory the slot holds
 
-    @classmethod
-    def allocate(cls, cfg: Config, derived: Derived, spaces: EnvSpaces) -> "TrajectoryBuffer":
+    @staticmethod
+    def layout(cfg: Config, derived: Derived, spaces: EnvSpaces) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """Each tensor's shape and dtype (what :meth:`allocate` allocates), by field name."""
         S = cfg.num_workers * derived.slots_per_worker
         T = cfg.rollout
         act_dtype = torch.int64 if spaces.discrete else torch.float32
-        return cls(
-            obs=_shared((S, T + 1, *spaces.obs_shape), torch.uint8 if spaces.obs_dtype == np.uint8 else torch.float32),
-            actions=_shared((S, T, *spaces.action_shape), act_dtype),
-            log_probs=_shared((S, T), torch.float32),
-            values=_shared((S, T), torch.float32),
-            rewards=_shared((S, T), torch.float32),
-            dones=_shared((S, T), torch.uint8),
-            time_outs=_shared((S, T), torch.uint8),
-            policy_versions=_shared((S, T), torch.int64),
-            rnn_states=_shared((S, T + 1, derived.rnn_state_size), torch.float32),
-            cursors=_shared((cfg.num_workers, cfg.num_envs_per_worker * derived.num_agents, 2), torch.int64),
-            slot_policy=_shared((S,), torch.int64),
-        )
+        return {
+            "obs": ((S, T + 1, *spaces.obs_shape), torch.uint8 if spaces.obs_dtype == np.uint8 else torch.float32),
+            "actions": ((S, T, *spaces.action_shape), act_dtype),
+            "log_probs": ((S, T), torch.float32),
+            "values": ((S, T), torch.float32),
+            "rewards": ((S, T), torch.float32),
+            "dones": ((S, T), torch.uint8),
+            "time_outs": ((S, T), torch.uint8),
+            "policy_versions": ((S, T), torch.int64),
+            "rnn_states": ((S, T + 1, derived.rnn_state_size), torch.float32),
+            "cursors": ((cfg.num_workers, cfg.num_envs_per_worker * derived.num_agents, 2), torch.int64),
+            "slot_policy": ((S,), torch.int64),
+        }
+
+    @staticmethod
+    def tensor_bytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
+        return math.prod(shape) * dtype.itemsize
+
+    @classmethod
+    def nbytes(cls, cfg: Config, derived: Derived, spaces: EnvSpaces) -> int:
+        """The bytes :meth:`allocate` takes in shared memory, computed without allocating anything."""
+        return sum(cls.tensor_bytes(shape, dtype) for shape, dtype in cls.layout(cfg, derived, spaces).values())
+
+    @classmethod
+    def allocate(cls, cfg: Config, derived: Derived, spaces: EnvSpaces) -> "TrajectoryBuffer":
+        return cls(**{k: _shared(shape, dtype) for k, (shape, dtype) in cls.layout(cfg, derived, spaces).items()})
 
     @property
     def rollout(self) -> int:

@@ -1,0 +1,67 @@
+"""Ending children with everything they started: process groups, the stop budget, the engines' files."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import pytest
+
+from msf.envs.families import remove_engine_files
+from msf.runtime.supervision import CTX, group_members, spawn, stop_children
+
+pytestmark = pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads the process table from /proc")
+
+# an "engine": ignores SIGTERM and waits for ever, as an orphaned ViZDoom engine does
+ENGINE = ["sh", "-c", "trap '' TERM; exec sleep 1000"]
+
+
+def _start_engine_and_hang(report) -> None:
+    engine = subprocess.Popen(ENGINE)
+    report.send(engine.pid)
+    time.sleep(1000)  # never looks at the stop event: a worker stuck in an env's start
+
+
+def _start_engine_and_die(report) -> None:
+    engine = subprocess.Popen(ENGINE)
+    report.send(engine.pid)
+    os._exit(0)  # its engine is orphaned
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_child_that_does_not_stop_is_killed_with_what_it_started_and_so_is_a_dead_childs_orphan():
+    failures = CTX.Queue()
+    (r1, w1), (r2, w2) = CTX.Pipe(duplex=False), CTX.Pipe(duplex=False)
+    hung = spawn(_start_engine_and_hang, "hung", failures, w1)
+    dead = spawn(_start_engine_and_die, "dead", failures, w2)
+    assert r1.poll(60) and r2.poll(60)
+    engines = [r1.recv(), r2.recv()]
+    dead.join(30)
+    assert all(_alive(e) for e in engines)
+    assert {e.pid for e in group_members({hung.pid, dead.pid})} >= set(engines)  # each in its worker's group
+    t0 = time.monotonic()
+    killed = stop_children([hung, dead], timeout_s=1.0)
+    assert time.monotonic() - t0 < 1.0 + 10
+    assert not hung.is_alive() and hung.exitcode == -9
+    deadline = time.monotonic() + 5
+    while any(_alive(e) for e in engines) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(e) for e in engines)
+    assert sorted(killed) == sorted(engines) and all(args == ["sleep", "1000"] for args in killed.values())
+
+
+def test_the_files_of_killed_vizdoom_engines_are_removed_and_no_others(tmp_path):
+    for name in ("ViZDoomSMabc123", "ViZDoomMQCtrabc123", "ViZDoomMQDoomabc123", "ViZDoomSMother1", "torch_1_2"):
+        (tmp_path / name).write_bytes(b"")
+    engine = ["/x/vizdoom", "-iwad", "freedoom2.wad", "+viz_instance_id", "abc123", "+viz_async", "0"]
+    removed = remove_engine_files([engine, ["sleep", "1000"]], shm_dir=str(tmp_path))
+    assert sorted(removed) == ["ViZDoomMQCtrabc123", "ViZDoomMQDoomabc123", "ViZDoomSMabc123"]
+    assert sorted(os.listdir(tmp_path)) == ["ViZDoomSMother1", "torch_1_2"]
