@@ -208,3 +208,25 @@ def test_the_summary_reports_the_current_lr_beside_the_configured_one():
     assert policy["hyperparameters"]["learning_rate"] == 3e-3  # the configured one, as given
     assert policy["learning_rate_current"] == pytest.approx(3e-3 * 1.5**2)  # two minibatches moved it
     assert policy["learning_rate_current"] == state.capture(0, learner, cfg.to_dict(), 1)["lr"]
+
+
+def test_the_learner_threads_note_says_what_is_true_of_oversubscribed_cores(caplog):
+    """16 rollout workers that never wait, on this node's cores: their not-waiting time is 16 process-seconds a
+    second, which is not "16.00 of 2.00 cores busy" (the time they wait for a core counts as not waiting)."""
+    import logging
+
+    from msf.runner.reporter import retune_learner_threads
+    from msf.runtime.affinity import usable_cores
+
+    cores = len(usable_cores())
+    before = torch.get_num_threads()
+    try:
+        with caplog.at_level(logging.INFO, logger="msf"):
+            retune_learner_threads([0.0, 0.0, 0.0], 16 * cores, 1, 1)
+            retune_learner_threads([0.9, 0.8, 0.0], 1, 1, 1)
+    finally:
+        torch.set_num_threads(before)
+    oversubscribed, fits = [r.getMessage() for r in caplog.records if "torch thread(s) from now on" in r.getMessage()]
+    assert "cores busy" not in oversubscribed and "the cores are oversubscribed" in oversubscribed, oversubscribed
+    assert f"{16 * cores} rollout and 1 inference worker(s) on {cores:.2f} cores" in oversubscribed, oversubscribed
+    assert f"the workers kept 0.30 of {cores:.2f} cores busy" in fits, fits
