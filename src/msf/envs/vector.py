@@ -220,9 +220,10 @@ class EnvPoolSplit:
         on_env: Callable[[str], None] | None = None,
     ):
         self.pool = make_envpool(cfg, len(env_indices), seed + env_indices[0])
-        for _ in env_indices if on_env is not None else ():
-            on_env("made")
-            on_env("started")
+        if on_env is not None:
+            for _ in env_indices:
+                on_env("made")
+                on_env("started")
         self.action_space = self.pool.action_space
         self.n = len(env_indices)
         self.discrete = isinstance(self.action_space, gym.spaces.Discrete)

@@ -30,7 +30,7 @@ import torch
 
 import msf
 from msf.cfg.config import Config, Derived
-from msf.distributed.collectives import collectives_of, learner_state_tensors
+from msf.distributed.collectives import collectives_of
 from msf.distributed.topology import RankInfo, split_evenly
 from msf.envs.families import remove_engine_files
 from msf.envs.registry import EnvSpaces
@@ -38,7 +38,7 @@ from msf.learning.learner import Learner
 from msf.persistence.summaries import TensorBoardSummaries, setup_logging, write_json_atomic
 from msf.persistence.train_state import TrainState
 from msf.runner.experiment import experiment_dir
-from msf.runner.training_loop import Channels, TrainingLoop
+from msf.runner.training_loop import Channels, TrainingLoop, check_replicas
 from msf.runtime.affinity import learner_threads, set_learner_niceness, usable_cores, worker_cores
 from msf.runtime.supervision import CTX, spawn, stop_budget_s, stop_children, use_quiet_executable
 from msf.sampling.inference_worker import inference_worker_main
@@ -218,8 +218,7 @@ def run_device_group(cfg: Config, spaces: EnvSpaces, rank: RankInfo, heartbeat: 
     if _budget_spent(cfg, state, derived):
         return None  # every rank reads the same checkpoint, so every rank returns here: nothing to agree on
     _log_start(cfg, group_cfg, rank, device, exp_dir)
-    for learner in learners:
-        world.check_identical(learner_state_tensors(learner.model, learner.optimizer))
+    check_replicas(learners, world)
     buffer = TrajectoryBuffer.allocate(group_cfg, derived, spaces)
     weights = [PublishedWeights(learner.model) for learner in learners]
     for w, learner in zip(weights, learners):

@@ -98,6 +98,17 @@ def poll_children(ch: Channels) -> None:
     raise ComponentFailed(report)
 
 
+def check_replicas(learners: list[Learner], world: Collectives) -> None:
+    """Collective: compare every learner's parameters, buffers and optimiser state with rank 0's, in policy
+    order (the same on every replica).
+
+    Raises:
+        ReplicaMismatch: naming the first tensor that differs and the ranks.
+    """
+    for learner in learners:
+        world.check_identical(learner_state_tensors(learner.model, learner.optimizer))
+
+
 class TrainingLoop:
     """Drives one device group's learners until the budget is spent, a stop is requested, or a failure.
 
@@ -187,7 +198,7 @@ class TrainingLoop:
         return batches
 
     # --- agreeing -----------------------------------------------------------------------------
-    def _agree(self, failed: bool, now: float, batches: list[Batch | None]) -> Decision:
+    def _agree(self, failed: bool, now: float, time_spent: bool, batches: list[Batch | None]) -> Decision:
         """One all-reduce of this replica's :class:`Proposal`; adds the global counts to the counters."""
         c, is_main = self.since_agreement, self.rank.is_main
         proposal = Proposal(
@@ -196,7 +207,7 @@ class TrainingLoop:
             summary_due=is_main and now - self.last_summary >= self.cfg.experiment_summaries_interval,
             save_due=is_main and now - self.last_save >= self.cfg.save_every_sec,
             # with no batch, the replica enters the agreement for this
-            time_spent=now - self.start_time >= self.cfg.train_for_seconds,
+            time_spent=time_spent,
             env_steps=c.env_steps,
             episodes=c.episodes,
             dropped_trajectories=c.dropped_trajectories,
@@ -240,8 +251,7 @@ class TrainingLoop:
                 self._train(p, batches[p] if real else self.batcher.empty_batch(), real)
 
     def _check_replicas(self) -> None:
-        for learner in self.learners:  # the same order on every replica
-            self.world.check_identical(learner_state_tensors(learner.model, learner.optimizer))
+        check_replicas(self.learners, self.world)
 
     def _summaries(self) -> None:
         """Collective: the reporter's summaries; then rank 0 writes each policy's best checkpoint if beaten."""
@@ -280,7 +290,7 @@ class TrainingLoop:
         if all(b is None for b in batches) and failure is None and self.stop_reason is None and not time_spent:
             self.reporter.learner_wait += time.monotonic() - pass_start
             return False  # nothing to agree on yet: a replica enters the agreement with a batch, or to stop
-        d = self._agree(failure is not None, now, batches)
+        d = self._agree(failure is not None, now, time_spent, batches)
         if d.failed:
             raise failure or PeerFailed("another replica failed (see its log lines)")
         if d.summary_due:

@@ -34,25 +34,34 @@ class EpisodeStats:
     policies: list[int]  # the policy that drove each episode's agent
 
 
-class InferenceCounters:
-    """What one inference worker has done so far, in shared memory: batches served, samples served, seconds
-    spent waiting for requests. The worker adds to them; the training loop reads them for the summaries.
+class _SharedCounters:
+    """A ``[SIZE]`` float64 tensor in shared memory with a numpy view (adding to it costs nanoseconds); pickled
+    as the tensor, so the view is rebuilt in the process that receives it.
 
     Args:
-        shared: a ``[3]`` float64 tensor (None: allocate one in shared memory).
+        shared: the tensor (None: allocate one in shared memory).
     """
 
     SIZE = 3
 
     def __init__(self, shared: torch.Tensor | None = None):
         self.tensor = torch.zeros(self.SIZE, dtype=torch.float64).share_memory_() if shared is None else shared
-        self._v = self.tensor.numpy()  # a view of the shared memory: adding to it costs nanoseconds
+        self._v: np.ndarray = self.tensor.numpy()
 
     def __getstate__(self) -> dict:
         return {"tensor": self.tensor}
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["tensor"])
+
+
+class InferenceCounters(_SharedCounters):
+    """What one inference worker has done so far, in shared memory: batches served, samples served, seconds
+    spent waiting for requests. The worker adds to them; the training loop reads them for the summaries.
+
+    Args:
+        shared: a ``[3]`` float64 tensor (None: allocate one in shared memory).
+    """
 
     def add_batch(self, samples: int) -> None:
         self._v[0] += 1
@@ -74,25 +83,13 @@ class InferenceCounters:
         return float(self._v[2])
 
 
-class RolloutCounters:
+class RolloutCounters(_SharedCounters):
     """What one rollout worker has done so far, in shared memory: seconds waiting for actions or a free slot,
     and envs made and started (the start-up's progress, which the training loop reports).
 
     Args:
         shared: a ``[3]`` float64 tensor (None: allocate one in shared memory).
     """
-
-    SIZE = 3
-
-    def __init__(self, shared: torch.Tensor | None = None):
-        self.tensor = torch.zeros(self.SIZE, dtype=torch.float64).share_memory_() if shared is None else shared
-        self._v: np.ndarray = self.tensor.numpy()
-
-    def __getstate__(self) -> dict:
-        return {"tensor": self.tensor}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__init__(state["tensor"])
 
     def add_wait(self, seconds: float) -> None:
         self._v[0] += seconds
