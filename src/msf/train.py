@@ -142,15 +142,18 @@ def main(argv: list[str] | None = None) -> int:
     # imports before this line. Once a device group runs, its own handler takes over (a clean stop).
     old = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        return _main(argv)
+        code = _main(argv)
     except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C now would break the one line below
+        # ignored from here to the exit: a second Ctrl-C (or the one a terminal sends to the whole group while
+        # this process forwards its own) would otherwise break the one line below, or come as a traceback out of
+        # a finalizer while the interpreter ends (torch's weakref finalizers run then)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         print(INTERRUPTED_BEFORE_TRAINING, file=sys.stderr)
         end_as_interrupted()
         return 130
-    finally:
-        if old is not None:  # None: not a handler set from Python
-            signal.signal(signal.SIGINT, old)
+    if old is not None:  # None: not a handler set from Python
+        signal.signal(signal.SIGINT, old)
+    return code
 
 
 def _main(argv: list[str] | None) -> int:

@@ -301,7 +301,17 @@ def _rank_main(local_rank: int, cfg: Config, spaces: EnvSpaces, plan: NodePlan, 
             raise KeyboardInterrupt
         _rank_process(local_rank, cfg, spaces, plan, attempt, errors)
     except KeyboardInterrupt:
+        _ignore_stops()
         sys.exit(INTERRUPTED_EXIT)
+    _ignore_stops()
+
+
+def _ignore_stops() -> None:
+    """A rank that is ending ignores SIGINT and SIGTERM until it has exited. A terminal's Ctrl-C reaches it
+    together with the SIGTERM its launcher passes on, and the second of the two, landing while the interpreter
+    ends, came as a ``KeyboardInterrupt`` traceback out of one of torch's finalizers (once in a CI run)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _rank_process(local_rank: int, cfg: Config, spaces: EnvSpaces, plan: NodePlan, attempt: int, errors: Any) -> None:
