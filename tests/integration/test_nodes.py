@@ -288,6 +288,7 @@ def test_slurm_one_task_per_node_with_a_fake_scontrol(train_dir, tmp_path):
             "SLURM_NODEID": str(node),
             "SLURM_PROCID": str(node),
             "SLURM_LOCALID": "0",
+            "SLURM_STEP_ID": "0",
         }
         procs.append(
             start(

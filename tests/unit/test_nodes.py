@@ -58,6 +58,7 @@ def _slurm_env(nnodes=2, ntasks=2, nodeid=1, procid=1, localid=0, nodelist="gpu[
         "SLURM_NTASKS": str(ntasks),
         "SLURM_LOCALID": str(localid),
         "SLURM_JOB_ID": "1234",
+        "SLURM_STEP_ID": "0",  # a task of an srun step (an sbatch script has no step id)
     }
 
 
@@ -275,6 +276,54 @@ def test_slurm_single_task_allocation_is_the_single_node_case(tmp_path):
         0,
     )
     assert not log.exists()  # no need to expand a one-node list
+
+
+def _sbatch_env(nnodes=1, ntasks=None):
+    """The environment of an sbatch script as Slurm 22.05 sets it: no step variables, and SLURM_NTASKS only
+    when -n was given."""
+    env = _slurm_env(nnodes=nnodes, nodeid=0, procid=0)
+    del env["SLURM_STEP_ID"], env["SLURM_NTASKS"]
+    env["SLURM_JOB_NUM_NODES"] = str(nnodes)
+    if ntasks is not None:
+        env["SLURM_NTASKS"] = str(ntasks)
+    return env
+
+
+@pytest.mark.parametrize("ntasks", [None, 1, 2])
+def test_an_sbatch_script_is_one_process_on_a_single_node(tmp_path, ntasks):
+    # without -n the script has no SLURM_NTASKS; with -n 2 it is still one process, and taken for rank 0 of two
+    # it would wait for a rank 1 that srun never started
+    scontrol, log = _fake_scontrol(tmp_path, ["gpu01"])
+    plan = _discover(["--nproc_per_node=2"], environ=_sbatch_env(ntasks=ntasks), scontrol=scontrol)
+    assert (plan.source, plan.launcher, plan.nnodes, plan.nproc_per_node, plan.rank) == (
+        "single",
+        "local",
+        1,
+        2,
+        None,
+    )
+    assert not log.exists()
+
+
+def test_an_sbatch_script_over_several_nodes_asks_for_srun(tmp_path):
+    scontrol, _ = _fake_scontrol(tmp_path, ["gpu01", "gpu02"])
+    env = _sbatch_env(nnodes=2, ntasks=2)
+    with pytest.raises(
+        ConfigError,
+        match=r"^--nnodes: this is the batch script of Slurm job 1234 over SLURM_JOB_NUM_NODES=2 nodes, .*"
+        r"srun --ntasks-per-node=1 msf-train",
+    ):
+        _discover([], environ=env, scontrol=scontrol)
+    assert _discover(["--nnodes=1"], environ=env, scontrol=scontrol).source == "single"
+
+
+def test_a_step_on_part_of_the_allocation_uses_the_step_variables(tmp_path):
+    scontrol, log = _fake_scontrol(tmp_path, ["gpu02", "gpu03"])
+    env = _slurm_env(nnodes=4, ntasks=4, nodeid=1, procid=1, nodelist="gpu[01-04]")
+    env.update(SLURM_STEP_NUM_NODES="2", SLURM_STEP_NUM_TASKS="2", SLURM_STEP_NODELIST="gpu[02-03]")
+    plan = _discover([], environ=env, scontrol=scontrol)
+    assert (plan.nnodes, plan.node_rank, plan.launcher, plan.master_addr) == (2, 1, "local", "gpu02")
+    assert log.read_text().split("\n")[2] == "gpu[02-03]"
 
 
 @pytest.mark.parametrize("ntasks", [3, 1, 5])

@@ -10,8 +10,10 @@ them apart (world size = nnodes x nproc_per_node, rank = node_rank x nproc_per_n
    rank, and torchrun's ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``,
    ``GROUP_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT`` are used as they are.
 3. **Slurm**: ``srun msf-train ...`` inside an allocation, without ``--hosts``. The node
-   names come from ``scontrol show hostnames $SLURM_JOB_NODELIST``; with one task per node
+   names come from ``scontrol show hostnames $SLURM_STEP_NODELIST``; with one task per node
    each task spawns its node's device groups, with one task per device group each task is one rank.
+   An ``sbatch`` script is no step (no ``SLURM_STEP_ID``): it is one process on the allocation's
+   first node, whatever ``SLURM_NTASKS`` says, so ``msf-train`` run in it is a single node.
 
 Otherwise the job runs on this machine alone. Every problem is a
 :class:`~msf.cfg.validation.ConfigError` whose one-line message starts with the flag concerned.
@@ -101,15 +103,16 @@ def discover(
 ) -> NodePlan:
     """Decide this process's place in the job from the flags and the environment.
 
-    Precedence: torchrun's environment, then an explicit ``--hosts``, then a Slurm step
-    (``SLURM_JOB_NODELIST`` and ``SLURM_PROCID`` set), then a single node.
+    Precedence: torchrun's environment, then an explicit ``--hosts``, then Slurm
+    (``SLURM_JOB_NODELIST`` and ``SLURM_PROCID`` set: a step of ``srun`` when ``SLURM_STEP_ID`` is
+    set too, else the batch script of ``sbatch``), then a single node.
 
     Args:
         cfg: the parsed flags.
         given: names of the flags given explicitly (explicit node flags must agree with
             torchrun's or Slurm's environment).
         environ: the environment to read; ``os.environ`` when ``None``.
-        scontrol: the ``scontrol`` executable that expands ``SLURM_JOB_NODELIST``.
+        scontrol: the ``scontrol`` executable that expands the step's node list.
 
     Returns:
         The :class:`NodePlan` of this process.
@@ -126,7 +129,9 @@ def discover(
     if cfg.hosts is not None:
         return _from_hosts(cfg)
     if "SLURM_JOB_NODELIST" in env and "SLURM_PROCID" in env:
-        return _from_slurm(cfg, given, env, scontrol)
+        if "SLURM_STEP_ID" in env or "SLURM_STEPID" in env:
+            return _from_slurm(cfg, given, env, scontrol)
+        return _from_slurm_batch(cfg, given, env)
     return _single(cfg)
 
 
@@ -205,11 +210,16 @@ def _from_hosts(cfg: Config) -> NodePlan:
 
 def _env_int(env: Mapping[str, str], names: tuple[str, ...], flag: str, who: str) -> int:
     """The first of ``names`` set in ``env``, as an integer."""
+    return _env_int_named(env, names, flag, who)[1]
+
+
+def _env_int_named(env: Mapping[str, str], names: tuple[str, ...], flag: str, who: str) -> tuple[str, int]:
+    """The first of ``names`` set in ``env`` and its value as an integer (the name, for messages)."""
     for name in names:
         if name in env:
             value = env[name]
             try:
-                return int(value)
+                return name, int(value)
             except ValueError:
                 raise _fail(flag, f"{who} sets {name}={value!r}, not an integer") from None
     raise _fail(flag, f"{who} does not set {' or '.join(names)}")
@@ -268,7 +278,7 @@ def _from_torchrun(cfg: Config, given: set[str], env: Mapping[str, str]) -> Node
     )
 
 
-def _slurm_hostnames(nodelist: str, scontrol: str) -> tuple[str, ...]:
+def _slurm_hostnames(name: str, nodelist: str, scontrol: str) -> tuple[str, ...]:
     """The node names of ``nodelist``, expanded by ``scontrol show hostnames``."""
     cmd = [scontrol, "show", "hostnames", nodelist]
     shown = " ".join(cmd)
@@ -277,35 +287,53 @@ def _slurm_hostnames(nodelist: str, scontrol: str) -> tuple[str, ...]:
     except FileNotFoundError:
         raise _fail(
             "hosts",
-            f"cannot expand SLURM_JOB_NODELIST={nodelist!r}: {scontrol!r} not found (ran '{shown}'); "
+            f"cannot expand {name}={nodelist!r}: {scontrol!r} not found (ran '{shown}'); "
             "put Slurm's scontrol on PATH, or give --hosts",
         ) from None
     except (OSError, subprocess.TimeoutExpired) as e:
         raise _fail(
             "hosts",
-            f"cannot expand SLURM_JOB_NODELIST={nodelist!r}: '{shown}' failed "
-            f"({_one_line(str(e))}); give --hosts instead",
+            f"cannot expand {name}={nodelist!r}: '{shown}' failed ({_one_line(str(e))}); give --hosts instead",
         ) from None
     if done.returncode != 0:
         err = _one_line(done.stderr or "") or "no message"
         raise _fail(
             "hosts",
-            f"cannot expand SLURM_JOB_NODELIST={nodelist!r}: '{shown}' exited with "
-            f"{done.returncode} ({err}); give --hosts instead",
+            f"cannot expand {name}={nodelist!r}: '{shown}' exited with {done.returncode} ({err}); give --hosts instead",
         )
     return tuple(line.strip() for line in done.stdout.splitlines() if line.strip())
 
 
+def _from_slurm_batch(cfg: Config, given: set[str], env: Mapping[str, str]) -> NodePlan:
+    """The batch script of an ``sbatch`` job: one process on the allocation's first node. Its ``SLURM_NTASKS``
+    is what ``srun`` would start, not processes that exist, so it is not read: taken for ranks, they would
+    be waited for until ``--dist_timeout``."""
+    name, nnodes = _env_int_named(env, ("SLURM_JOB_NUM_NODES", "SLURM_NNODES"), "nnodes", "Slurm")
+    if nnodes > 1 and not ("nnodes" in given and cfg.nnodes == 1):
+        job = env.get("SLURM_JOB_ID", "?")
+        raise _fail(
+            "nnodes",
+            f"this is the batch script of Slurm job {job} over {name}={nnodes} nodes, which runs on the first "
+            "node only: start msf-train with srun in it (srun --ntasks-per-node=1 msf-train ...), or give "
+            "--nnodes=1 to train on this node alone",
+        )
+    return _single(cfg)
+
+
 def _from_slurm(cfg: Config, given: set[str], env: Mapping[str, str], scontrol: str) -> NodePlan:
+    """A task of an ``srun`` step. The step's own variables come first: a step may run on part of the
+    allocation, and then ``SLURM_JOB_NODELIST`` and ``SLURM_JOB_NUM_NODES`` are the allocation's."""
     who = "Slurm"
-    nnodes = _env_int(env, ("SLURM_NNODES", "SLURM_JOB_NUM_NODES"), "nnodes", who)
+    nn_name, nnodes = _env_int_named(
+        env, ("SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"), "nnodes", who
+    )
     node_rank = _env_int(env, ("SLURM_NODEID",), "node_rank", who)
     procid = _env_int(env, ("SLURM_PROCID",), "node_rank", who)
     if nnodes < 1 or not 0 <= node_rank < nnodes:
-        raise _fail("node_rank", f"{who} sets SLURM_NODEID={node_rank}, outside [0, SLURM_NNODES={nnodes})")
-    _agree(given, "nnodes", cfg.nnodes, nnodes, f"{who} (SLURM_NNODES = {nnodes})")
+        raise _fail("node_rank", f"{who} sets SLURM_NODEID={node_rank}, outside [0, {nn_name}={nnodes})")
+    _agree(given, "nnodes", cfg.nnodes, nnodes, f"{who} ({nn_name} = {nnodes})")
     _agree(given, "node_rank", cfg.node_rank, node_rank, f"{who} (SLURM_NODEID = {node_rank})")
-    ntasks = _env_int(env, ("SLURM_NTASKS", "SLURM_STEP_NUM_TASKS"), "nproc_per_node", who)
+    nt_name, ntasks = _env_int_named(env, ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"), "nproc_per_node", who)
     if nnodes == 1 and ntasks == 1:
         return _single(cfg)
 
@@ -314,21 +342,20 @@ def _from_slurm(cfg: Config, given: set[str], env: Mapping[str, str], scontrol: 
         "groups) or one task per device group (the same k > 1 tasks on every node, ntasks = nnodes x k)"
     )
     if ntasks < nnodes or ntasks % nnodes != 0:
-        raise _fail(
-            "nproc_per_node", f"{who} runs SLURM_NTASKS={ntasks} task(s) on SLURM_NNODES={nnodes} node(s); {layouts}"
-        )
+        raise _fail("nproc_per_node", f"{who} runs {nt_name}={ntasks} task(s) on {nn_name}={nnodes} node(s); {layouts}")
     per_node = ntasks // nnodes
     if nnodes == 1:
         hosts = None
         master_addr = LOCALHOST
     else:
-        nodelist = env["SLURM_JOB_NODELIST"]
-        hosts = _slurm_hostnames(nodelist, scontrol)
+        nl_name = "SLURM_STEP_NODELIST" if "SLURM_STEP_NODELIST" in env else "SLURM_JOB_NODELIST"
+        nodelist = env[nl_name]
+        hosts = _slurm_hostnames(nl_name, nodelist, scontrol)
         if len(hosts) != nnodes:
             raise _fail(
                 "nnodes",
                 f"'{scontrol} show hostnames {nodelist}' gives {len(hosts)} host(s) but "
-                f"SLURM_NNODES={nnodes}; run srun over the whole allocation, or give --hosts",
+                f"{nn_name}={nnodes}; run srun over the whole allocation, or give --hosts",
             )
         master_addr = hosts[0]
 
@@ -349,7 +376,7 @@ def _from_slurm(cfg: Config, given: set[str], env: Mapping[str, str], scontrol: 
         "nproc_per_node",
         cfg.nproc_per_node,
         per_node,
-        f"{who} (one task per device group: SLURM_NTASKS / SLURM_NNODES = {per_node})",
+        f"{who} (one task per device group: {nt_name} / {nn_name} = {per_node})",
     )
     local_rank = _env_int(env, ("SLURM_LOCALID",), "nproc_per_node", who)
     if not (0 <= local_rank < per_node and procid == node_rank * per_node + local_rank):
