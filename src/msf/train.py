@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from msf.cfg.arguments import parse_args
 from msf.cfg.config import Config
-from msf.cfg.validation import ConfigError, validate
+from msf.cfg.validation import ConfigError, check_sync, validate
 
 if TYPE_CHECKING:  # imported in the functions: --help and invalid flags answer before torch loads
     from msf.distributed.nodes import NodePlan
@@ -224,6 +224,7 @@ def prepare(cfg: Config, given: set[str]) -> tuple[Config, EnvSpaces, NodePlan, 
         validate(cfg)
     cfg = resolve(cfg, given, plan)
     spaces = env_spaces(cfg.env, env_config_of(cfg))
+    check_sync(cfg, spaces.num_agents, cfg.nproc_per_node)
     if cfg.env_backend == "envpool":
         from msf.envs.vector import check_envpool
 

@@ -34,15 +34,27 @@ class TwoRanks(Collectives):
         return torch.stack([t, self.others.pop(0)])
 
 
-A = RankStats(fps=1234.5, wait_shares=(0.1, 0.25, 0.5), lag=((0.0, 1.5, 3.0), (1.0, 2.0, 4.0)), empty_batches=(0, 7))
-B = RankStats(fps=1000.0, wait_shares=(0.2, 0.0, 1.0), lag=((2.0, 2.5, 5.0), (0.0, 0.0, 0.0)), empty_batches=(3, 1))
+A = RankStats(
+    fps=1234.5,
+    wait_shares=(0.1, 0.25, 0.5),
+    lag=((0.0, 1.5, 3.0), (1.0, 2.0, 4.0)),
+    empty_batches=(0, 7),
+    lag_max_run=(9.0, 6.0),
+)
+B = RankStats(
+    fps=1000.0,
+    wait_shares=(0.2, 0.0, 1.0),
+    lag=((2.0, 2.5, 5.0), (0.0, 0.0, 0.0)),
+    empty_batches=(3, 1),
+    lag_max_run=(5.0, 0.0),
+)
 
 
 def test_rank_stats_pack_into_their_layout_and_back():
     v = A.pack()
     assert v.dtype == torch.float64
-    # fps, the three wait shares, each policy's (min, mean, max) lag, each policy's empty batches
-    assert v.tolist() == [1234.5, 0.1, 0.25, 0.5, 0.0, 1.5, 3.0, 1.0, 2.0, 4.0, 0, 7]
+    # fps, the three wait shares, each policy's (min, mean, max) lag, each policy's empty batches and run max lag
+    assert v.tolist() == [1234.5, 0.1, 0.25, 0.5, 0.0, 1.5, 3.0, 1.0, 2.0, 4.0, 0, 7, 9.0, 6.0]
     assert RankStats.unpack(v) == A
 
 
@@ -52,7 +64,7 @@ def test_gather_rank_stats_returns_every_rank_in_order():
 
 
 def test_a_rank_stats_vector_of_the_wrong_size_is_refused():
-    with pytest.raises(ValueError, match="4 \\+ 4P"):
+    with pytest.raises(ValueError, match="4 \\+ 5P"):
         RankStats.unpack(torch.zeros(6, dtype=torch.float64))
 
 

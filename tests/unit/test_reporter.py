@@ -121,6 +121,7 @@ def test_the_summary_holds_the_runs_figures():
     state.policies[0].lengths.extend([40, 60])
     state.env_steps, state.episodes, state.dropped_trajectories = 3000, 2, 1
     rep.policies[1].empty_batches = 3
+    rep.policies[0].lag_max_run, rep.policies[1].lag_max_run = 2.0, 5.0
     rep.summaries()
     s = rep.summary("done", wall=10.0)
     assert {
@@ -139,6 +140,9 @@ def test_the_summary_holds_the_runs_figures():
         "episode_length_mean",
         "policy_lag_mean",
         "policy_lag_max",
+        "policy_lag_max_run",
+        "async_rl",
+        "serial_mode",
         "dropped_trajectories",
         "world_size",
         "nproc_per_node",
@@ -155,6 +159,9 @@ def test_the_summary_holds_the_runs_figures():
     assert s["fps"] == 300.0 and s["episode_return_mean"] == 5.0 and s["episode_length_mean"] == 50.0
     assert set(s["policies"]) == {"0", "1"}
     assert s["policies"]["1"]["episode_return_mean"] is None and s["policies"]["1"]["empty_batches"] == 3
+    # the run's largest lag, per policy and (policy 0's) at the top, as gathered over the ranks
+    assert (s["policy_lag_max_run"], s["policies"]["1"]["policy_lag_max_run"]) == (2.0, 5.0)
+    assert (s["async_rl"], s["serial_mode"]) == (True, False)
 
 
 def test_the_summary_reports_the_current_lr_beside_the_configured_one():

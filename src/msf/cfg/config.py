@@ -79,7 +79,11 @@ class Derived:
         trajectories_per_iteration: trajectories one training iteration consumes.
         slots_per_worker: trajectory-buffer slots owned by each rollout worker: one being
             written per agent of each env, plus spares so that the workers can hold
-            ``num_batches_to_accumulate`` iterations of finished trajectories (at least one per agent).
+            ``num_batches_to_accumulate`` iterations of finished trajectories (at least one per agent);
+            with ``--async_rl=False``, exactly ``sync_rollouts`` finished ones per agent.
+        sync_rollouts: with ``--async_rl=False``, the trajectories every agent of every env writes per training
+            iteration (``trajectories_per_iteration / (num_workers x num_envs_per_worker x num_agents)``, a
+            whole number: :func:`msf.cfg.validation.check_sync`); 0 with ``--async_rl=True``.
         frameskip: frames per env step used for counting (1 without summaries_use_frameskip).
         num_agents: agents per env (1, or a multi-agent env's ``num_agents``).
         rnn_state_size: floats of recurrent state per agent (0 without ``use_rnn``; GRU ``L x H``,
@@ -94,6 +98,7 @@ class Derived:
     frameskip: int
     rnn_state_size: int = 0
     num_agents: int = 1
+    sync_rollouts: int = 0
 
     @property
     def agents_per_split(self) -> int:
@@ -109,6 +114,9 @@ class Derived:
         per_iter = per_batch * cfg.num_batches_per_epoch
         agents_per_worker = cfg.num_envs_per_worker * num_agents
         spare = max(agents_per_worker, -(-cfg.num_batches_to_accumulate * per_iter // cfg.num_workers))
+        sync = 0 if cfg.async_rl else max(1, per_iter // (cfg.num_workers * agents_per_worker))
+        if sync:  # the finished trajectories of one iteration, held until the learner has trained on them
+            spare = sync * agents_per_worker
         return cls(
             recurrence=recurrence,
             envs_per_split=cfg.num_envs_per_worker // cfg.worker_num_splits,
@@ -120,4 +128,5 @@ class Derived:
             if cfg.use_rnn
             else 0,
             num_agents=num_agents,
+            sync_rollouts=sync,
         )

@@ -126,6 +126,23 @@ class SamplingFlags:
         "the learner is taking (their spare buffer slots). When sampling outruns the learner, the policy lag "
         "grows with it: 1 keeps the experience fresher, 2 keeps the learner fed",
     )
+    async_rl: bool = flag(
+        True,
+        "Collect experience while the learner trains on the previous batch (Sample Factory's flag and default). "
+        "False: synchronous PPO: every env collects its share of one training iteration with the current "
+        "weights, then waits while the learner trains on exactly those trajectories, so that every sample's "
+        "policy lag at its first SGD step is 0 (summary.json: policy_lag_max_run). Needs one policy, and a "
+        "training iteration (batch_size x num_batches_per_epoch) that is a whole multiple of what one rollout of "
+        "every env of a device group gives (its envs x agents x rollout)",
+    )
+    serial_mode: bool = flag(
+        False,
+        "Run each device group in one process (Sample Factory's flag): its envs, its inference and its learner, "
+        "the same components stepped one after the other instead of in worker processes. For debugging (pdb, "
+        "py-spy, a breakpoint in an env) and in-process tests; slower. Combines with --nproc_per_node=N (every "
+        "device group serial), --async_rl and every env family, policy count and model",
+        scope=(LAUNCH,),
+    )
     max_policy_lag: int = flag(
         1000,
         "Trajectories whose oldest action is more than this many policy versions old are dropped (and counted)",

@@ -285,3 +285,41 @@ def _check_writable(train_dir: str) -> None:
             pass
     except OSError as e:
         raise ConfigError(f"--train_dir: {train_dir!r} is not a writable folder ({e.strerror or e})") from None
+
+
+def check_sync(cfg: Config, num_agents: int, nproc_per_node: int) -> None:
+    """``--async_rl=False`` (synchronous PPO): one policy, and a training iteration (``batch_size x
+    num_batches_per_epoch`` samples) that is a whole multiple of one rollout of every env of each device group
+    (its rollout workers x ``num_envs_per_worker`` x ``num_agents`` x ``rollout``), so that every env writes the
+    same whole number of trajectories per iteration and the iteration holds exactly those (Sample Factory's rule
+    for its sync mode). Needs the env's agents and the node's device groups, so it comes after both are known.
+
+    Raises:
+        ConfigError: naming ``--async_rl`` and the figures, with a batch size that would do.
+    """
+    if cfg.async_rl:
+        return
+    p = Problems()
+    p.check(
+        cfg.num_policies == 1,
+        "async_rl",
+        f"False needs --num_policies=1 (each env's agents are drawn among the policies at random, so one policy's "
+        f"share of a rollout has no fixed size), got --num_policies={cfg.num_policies}",
+    )
+    iteration = cfg.batch_size * cfg.num_batches_per_epoch
+    for group in range(nproc_per_node):
+        workers = cfg.num_workers // nproc_per_node + (1 if group < cfg.num_workers % nproc_per_node else 0)
+        rollout = workers * cfg.num_envs_per_worker * num_agents * cfg.rollout
+        if iteration % rollout:
+            fit = max(1, round(iteration / rollout)) * rollout
+            p.check(
+                False,
+                "async_rl",
+                f"False needs a training iteration (--batch_size={cfg.batch_size} x --num_batches_per_epoch="
+                f"{cfg.num_batches_per_epoch} = {iteration} samples) that is a whole multiple of one rollout of "
+                f"{'a' if nproc_per_node == 1 else f'device group {group}'}'s envs ({workers} rollout workers x "
+                f"{cfg.num_envs_per_worker} envs x {num_agents} agent(s) x --rollout={cfg.rollout} = {rollout} "
+                f"samples): for example --batch_size={fit} --num_batches_per_epoch=1, or --async_rl=True",
+            )
+            break
+    p.raise_if_any()

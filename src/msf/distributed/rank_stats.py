@@ -25,35 +25,40 @@ class RankStats:
             workers and learner spent waiting, each in ``[0, 1]``.
         lag: per policy, the policy lag (in versions) of its last batch here: (min, mean, max).
         empty_batches: per policy, iterations this rank joined the policy's collectives with no experience.
+        lag_max_run: per policy, the largest policy lag of any sample at its first SGD step here, over the run.
 
-    The packed vector (:meth:`pack`) is ``[4 + 4P]`` float64: fps, the three wait shares, the ``P`` lag triples,
-    the ``P`` empty-batch counts.
+    The packed vector (:meth:`pack`) is ``[4 + 5P]`` float64: fps, the three wait shares, the ``P`` lag triples,
+    the ``P`` empty-batch counts, the ``P`` run maxima of the lag.
     """
 
     fps: float
     wait_shares: tuple[float, float, float]
     lag: tuple[tuple[float, float, float], ...]
     empty_batches: tuple[int, ...]
+    lag_max_run: tuple[float, ...]
 
     def pack(self) -> torch.Tensor:
-        """``[4 + 4P]`` float64 (see the class docstring)."""
+        """``[4 + 5P]`` float64 (see the class docstring)."""
         lags = [x for triple in self.lag for x in triple]
-        return torch.tensor([self.fps, *self.wait_shares, *lags, *self.empty_batches], dtype=torch.float64)
+        return torch.tensor(
+            [self.fps, *self.wait_shares, *lags, *self.empty_batches, *self.lag_max_run], dtype=torch.float64
+        )
 
     @classmethod
     def unpack(cls, v: torch.Tensor) -> "RankStats":
         """The record :meth:`pack` made ``v`` from.
 
         Raises:
-            ValueError: ``v`` is not a vector of ``4 + 4P`` entries.
+            ValueError: ``v`` is not a vector of ``4 + 5P`` entries.
         """
-        if v.dim() != 1 or v.numel() < 4 or (v.numel() - 4) % 4:
-            raise ValueError(f"a RankStats vector has 4 + 4P entries, got shape {tuple(v.shape)}")
+        if v.dim() != 1 or v.numel() < 4 or (v.numel() - 4) % 5:
+            raise ValueError(f"a RankStats vector has 4 + 5P entries, got shape {tuple(v.shape)}")
         x = v.tolist()
-        P = (len(x) - 4) // 4
-        fps, waits, lags, empty = x[0], x[1:4], x[4 : 4 + 3 * P], x[4 + 3 * P :]
+        P = (len(x) - 4) // 5
+        fps, waits, lags = x[0], x[1:4], x[4 : 4 + 3 * P]
+        empty, run_max = x[4 + 3 * P : 4 + 4 * P], x[4 + 4 * P :]
         lag = tuple((lags[i], lags[i + 1], lags[i + 2]) for i in range(0, 3 * P, 3))
-        return cls(fps, (waits[0], waits[1], waits[2]), lag, tuple(int(e) for e in empty))
+        return cls(fps, (waits[0], waits[1], waits[2]), lag, tuple(int(e) for e in empty), tuple(run_max))
 
 
 def gather_rank_stats(mine: RankStats, collectives: Collectives) -> list[RankStats]:

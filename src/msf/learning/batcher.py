@@ -59,6 +59,9 @@ class Batcher:
         trajectories_per_iteration: the size of one batch (``Derived.trajectories_per_iteration``).
         max_policy_lag: trajectories whose oldest step is more than this many policy versions behind the
             learner are dropped when copied out.
+        hold_slots: ``--async_rl=False``: the slots of a copied-out batch go back to their workers only when
+            :meth:`release` says that the learner has trained on it (the workers wait until then, so that they
+            act with the weights that training gave); False: as soon as they are copied out.
     """
 
     def __init__(
@@ -69,8 +72,11 @@ class Batcher:
         num_policies: int,
         trajectories_per_iteration: int,
         max_policy_lag: int,
+        hold_slots: bool = False,
     ):
         self.buffer, self.full_queue, self.free_queues = buffer, full_queue, free_queues
+        self.hold_slots = hold_slots
+        self._held: list[list[tuple[int, int]]] = [[] for _ in range(num_policies)]
         self.batch_size, self.max_policy_lag = trajectories_per_iteration, max_policy_lag
         self._slot_policy = buffer.slot_policy.numpy()  # a view: workers write it before they announce
         self._pending: list[collections.deque[tuple[int, int]]] = [collections.deque() for _ in range(num_policies)]
@@ -120,12 +126,10 @@ class Batcher:
             return 0, 0
         items = [pending.popleft() for _ in range(min(need, len(pending)))]
         batch = self.buffer.gather(torch.tensor([s for _, s in items], dtype=torch.int64))
-        # the slots are free as soon as the copy is made: back to their workers, one message per worker
-        by_worker: dict[int, list[int]] = collections.defaultdict(list)
-        for w, s in items:
-            by_worker[w].append(s)
-        for w, slots in by_worker.items():
-            self.free_queues[w].put(SlotsReturned(slots))
+        if self.hold_slots:
+            self._held[policy].extend(items)
+        else:  # the slots are free as soon as the copy is made
+            self._return(items)
         keep = policy_version - batch["policy_versions"].min(1).values <= self.max_policy_lag
         dropped = int((~keep).sum())
         if dropped:
@@ -134,6 +138,21 @@ class Batcher:
             self._ready[policy].append(batch)
             self._ready_count[policy] += batch["rewards"].shape[0]
         return len(items), dropped
+
+    def release(self, policy: int) -> int:
+        """With ``hold_slots``: the learner has trained on ``policy``'s batch; hand the slots held since it was
+        copied out back to their workers. Returns how many."""
+        items, self._held[policy] = self._held[policy], []
+        self._return(items)
+        return len(items)
+
+    def _return(self, items: list[tuple[int, int]]) -> None:
+        """``(worker, slot)`` pairs back to their workers, one message per worker."""
+        by_worker: dict[int, list[int]] = collections.defaultdict(list)
+        for w, s in items:
+            by_worker[w].append(s)
+        for w, slots in by_worker.items():
+            self.free_queues[w].put(SlotsReturned(slots))
 
     def _next_batch(self, policy: int) -> Batch | None:
         n = self.batch_size

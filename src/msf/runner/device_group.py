@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import queue
 import signal
 import time
 from multiprocessing.synchronize import Event
@@ -46,6 +47,7 @@ from msf.sampling.messages import InferenceCounters, RolloutCounters
 from msf.sampling.protocol import InferenceWorkerSpec, RolloutWorkerSpec
 from msf.sampling.published_weights import PublishedWeights
 from msf.sampling.rollout_worker import rollout_worker_main
+from msf.sampling.serial import SerialSampler
 from msf.sampling.trajectory_buffer import TrajectoryBuffer
 
 log = logging.getLogger("msf")
@@ -350,6 +352,10 @@ def _start_rank_workers(
     first_worker = sum(split_evenly(cfg.num_workers, rank.nproc_per_node, i) for i in range(rank.local_rank))
     # the job-wide index of this group's first rollout worker: every node may run its own --num_workers
     counts = world.all_gather(torch.tensor([group_cfg.num_workers], dtype=torch.int64)).flatten().tolist()
+    if cfg.serial_mode:
+        return _serial_channels(
+            worker_cfg, derived, spaces, buffer, weights, device, stop_event, sum(counts[: rank.rank]), rank.rank
+        )
     return _start_workers(
         worker_cfg,
         derived,
@@ -363,6 +369,24 @@ def _start_rank_workers(
         first_worker=sum(counts[: rank.rank]),
         device_group=rank.rank,
     )
+
+
+def _serial_channels(
+    cfg: Config,
+    derived: Derived,
+    spaces: EnvSpaces,
+    buffer: TrajectoryBuffer,
+    weights: list[PublishedWeights],
+    device: str,
+    stop_event: Any,
+    first_worker: int,
+    device_group: int,
+) -> Channels:
+    """``--serial_mode``: this device group's workers in this process (:class:`SerialSampler`: its envs are
+    made here, now), and the loop's channels to them; no child process."""
+    log.info("--serial_mode: the rollout and inference workers run in this process, stepped by the training loop")
+    s = SerialSampler(cfg, derived, spaces, buffer, weights, device, stop_event, first_worker, device_group)
+    return Channels(s.full_queue, s.free_queues, s.stats_queue, queue.Queue(), [], s.inference_stats, s.rollout_wait, s)
 
 
 def _run_loop(
@@ -394,6 +418,11 @@ def _run_loop(
         # and the files its engines' controllers would have removed from /dev/shm are removed here.
         killed = stop_children(ch.procs, stop_budget_s(loop.cfg.num_envs_per_worker))
         remove_engine_files(killed.values())
+        if ch.sampler is not None:
+            try:
+                ch.sampler.close()
+            except Exception as e:  # noqa: BLE001 - the run's own status stands; the envs were all tried
+                log.warning("closing the environments failed: %s", e)
         if tb is not None:
             tb.close()
     return status, error

@@ -35,10 +35,11 @@ _STAGES = ("rollout", "inference", "learner")
 @dataclass
 class PolicyReport:
     """What the loop measured of one policy on this replica: the policy lag of its last batch (versions:
-    min, mean, max), its last training iteration's statistics, and the iterations it joined the policy's
-    collectives with no experience."""
+    min, mean, max) and the largest of the run (each sample's at its first SGD step), its last training
+    iteration's statistics, and the iterations it joined the policy's collectives with no experience."""
 
     lag: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    lag_max_run: float = 0.0
     train: dict[str, float] = field(default_factory=dict)
     empty_batches: int = 0
 
@@ -197,6 +198,7 @@ class Reporter:
             tuple(self.local_waits),
             tuple(pr.lag for pr in self.policies),
             tuple(pr.empty_batches for pr in self.policies),
+            tuple(pr.lag_max_run for pr in self.policies),
         )
         ranks = gather_rank_stats(mine, self.world)
         policies = []
@@ -210,10 +212,14 @@ class Reporter:
                     "lag_mean": float(lag[:, 1].mean()),
                     "lag_max": float(lag[:, 2].max()),
                     "empty_batches": sum(r.empty_batches[p] for r in ranks),
+                    "lag_max_run": max(r.lag_max_run[p] for r in ranks),
                 }
             )
         self.global_stats = {
-            **{k: policies[0][k] for k in ("return_mean", "length_mean", "lag_per_rank", "lag_mean", "lag_max")},
+            **{
+                k: policies[0][k]
+                for k in ("return_mean", "length_mean", "lag_per_rank", "lag_mean", "lag_max", "lag_max_run")
+            },
             "policies": policies,
             "fps_per_rank": [r.fps for r in ranks],
             # rollout, inference, learner; mean over ranks
@@ -280,7 +286,7 @@ class Reporter:
                 "n/a" if ps["return_mean"] is None else f"{ps['return_mean']:.2f}" for ps in gs["policies"]
             )
         log.info(
-            "frames %d | fps %.0f (10 s) %.0f (run) | return_mean %s | policy_lag mean %.1f max %.0f | "
+            "frames %d | fps %.0f (10 s) %.0f (run) | return_mean %s | policy_lag mean %.1f max %.0f%s | "
             "waiting: rollout %.0f%% inference %.0f%% learner %.0f%% | train_step %d | dropped %d%s%s",
             self.frames,
             recent,
@@ -288,6 +294,7 @@ class Reporter:
             "n/a" if rm is None else f"{rm:.2f}",
             gs["lag_mean"],
             gs["lag_max"],
+            "" if self.cfg.async_rl else " (sync)",
             *(100 * v for v in gs["wait_shares"]),
             self.learners[0].train_step,
             self.state.dropped_trajectories,
@@ -365,6 +372,7 @@ def run_summary(rep: Reporter, status: str, wall: float) -> dict:
             "train_steps": learner.train_step,
             "policy_version": learner.policy_version,
             "policy_lag_mean": ps.get("lag_mean", pr.lag[1]),
+            "policy_lag_max_run": ps.get("lag_max_run", pr.lag_max_run),
             "best_metric": c.policies[p].best_metric,
             # the configured base (a PBT-perturbed one included) ...
             "hyperparameters": learner.hyperparameters(),
@@ -392,6 +400,11 @@ def run_summary(rep: Reporter, status: str, wall: float) -> dict:
         "episode_length_mean": gs.get("length_mean"),
         "policy_lag_mean": gs.get("lag_mean", lag[1]),
         "policy_lag_max": gs.get("lag_max", lag[2]),
+        # the largest policy lag of any sample at its first SGD step, over the run and every rank (0 with
+        # --async_rl=False)
+        "policy_lag_max_run": gs.get("lag_max_run", rep.policies[0].lag_max_run),
+        "async_rl": cfg.async_rl,
+        "serial_mode": cfg.serial_mode,
         "dropped_trajectories": c.dropped_trajectories,
         "world_size": rep.rank.world_size,
         "nproc_per_node": rep.rank.nproc_per_node,

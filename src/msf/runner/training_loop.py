@@ -61,6 +61,7 @@ class Channels:
     procs: list[Any]
     inference_stats: list[InferenceCounters]  # per inference worker
     rollout_wait: list[RolloutCounters]  # per rollout worker
+    sampler: Any = None  # --serial_mode: the SerialSampler the loop steps (no worker processes)
 
 
 def poll_children(ch: Channels) -> None:
@@ -149,7 +150,13 @@ class TrainingLoop:
         self.start_time = time.monotonic()
         P = len(learners)
         self.batcher = Batcher(
-            buffer, ch.full_queue, ch.free_queues, P, derived.trajectories_per_iteration, cfg.max_policy_lag
+            buffer,
+            ch.full_queue,
+            ch.free_queues,
+            P,
+            derived.trajectories_per_iteration,
+            cfg.max_policy_lag,
+            hold_slots=not cfg.async_rl,
         )
         self.reporter = Reporter(
             cfg, derived, rank, state, learners, ch.rollout_wait, ch.inference_stats, tb, world, self.start_time
@@ -238,6 +245,7 @@ class TrainingLoop:
         if real:
             lag = (learner.policy_version - batch["policy_versions"]).float()
             report.lag = (float(lag.min()), float(lag.mean()), float(lag.max()))
+            report.lag_max_run = max(report.lag_max_run, report.lag[2])
         report.train = learner.train(batch, on_sgd_step=self.weights[p].publish)
 
     def _train_agreed(self, d: Decision, batches: list[Batch | None]) -> None:
@@ -249,6 +257,8 @@ class TrainingLoop:
                 real = batches[p] is not None
                 self.reporter.policies[p].empty_batches += not real
                 self._train(p, batches[p] if real else self.batcher.empty_batch(), real)
+                if real:  # --async_rl=False: the workers wait for these slots, and act with the new weights
+                    self.batcher.release(p)
 
     def _check_replicas(self) -> None:
         check_replicas(self.learners, self.world)
@@ -278,7 +288,9 @@ class TrainingLoop:
             poll_children(self.ch)
         except (ComponentFailed, ChildDied) as e:
             failure = e
-        self.batcher.receive(timeout=0.05)
+        if self.ch.sampler is not None:  # --serial_mode: sample here, then take what it announced at once
+            self.ch.sampler.advance()
+        self.batcher.receive(timeout=0.05 if self.ch.sampler is None else 0.0)
         if self.batcher.received != self.progress.trajectories:
             self.progress.trajectories, self.progress.last_trajectory = self.batcher.received, time.time()
         batches = self._take_batches()

@@ -107,6 +107,11 @@ class RolloutWorker:
         self.row_policy = np.zeros(self.E, dtype=np.int64)
         self.episode_ended = np.zeros(self.E, dtype=bool)  # since the row's trajectory started
         self.waiting = np.zeros(cfg.worker_num_splits, dtype=np.int64)  # replies still due per split
+        # --async_rl=False: each split writes `sync` trajectories per row, then is parked (asks for no actions)
+        # until the learner has trained on them and returns their slots (synchronous PPO: policy lag 0)
+        self.sync = derived.sync_rollouts
+        self.quota = np.full(cfg.worker_num_splits, self.sync, dtype=np.int64)
+        self.parked = np.zeros(cfg.worker_num_splits, dtype=bool)
 
     def _env_made(self, stage: str) -> None:
         """After each env is made (``stage`` "made") and after its first reset ("started": a ViZDoom engine
@@ -122,13 +127,45 @@ class RolloutWorker:
         """A free slot of this worker; blocks (back-pressure from the learner) until one is returned."""
         if not self.free_slots:
             t0 = time.monotonic()
-            while not self.free_slots:
-                try:
-                    self.free_slots.extend(self.free_queue.get(timeout=0.5).slots)
-                except queue.Empty:
-                    self._check_stop()
+            while not self.take_returned_slots(timeout=0.5):
+                self._check_stop()
             self.counters.add_wait(time.monotonic() - t0)
         return self.free_slots.popleft()
+
+    def take_returned_slots(self, timeout: float | None) -> bool:
+        """Take every :class:`~msf.sampling.messages.SlotsReturned` on ``free_queue`` into the free slots,
+        waiting up to ``timeout`` seconds for the first (None: not at all). True when any came."""
+        got = False
+        while True:
+            try:
+                msg = self.free_queue.get(timeout=timeout) if timeout and not got else self.free_queue.get_nowait()
+            except queue.Empty:
+                return got
+            self.free_slots.extend(msg.slots)
+            got = True
+
+    def slots_short(self, split: int) -> int:
+        """How many more free slots the next :meth:`step_split` of ``split`` needs than the worker has: the rows
+        that reach ``rollout`` steps with it each need a new one (0: it can step without waiting)."""
+        lo, hi = split * self.eps, (split + 1) * self.eps
+        return max(0, int((self.cursors[lo:hi, 1] == self.T - 1).sum()) - len(self.free_slots))
+
+    @property
+    def all_parked(self) -> bool:
+        """``--async_rl=False``: every split has written its trajectories of this iteration and waits for the
+        learner (:meth:`resume`)."""
+        return bool(self.sync) and bool(self.parked.all())
+
+    def resume(self) -> bool:
+        """``--async_rl=False``: once the learner has returned the slots of this iteration's trajectories (it
+        trained on them), every parked split asks for actions again, with the weights it published since.
+        True when some split was parked."""
+        parked = np.nonzero(self.parked)[0].tolist()
+        self.parked[:] = False
+        self.quota[:] = self.sync
+        for split in parked:
+            self.request(split)
+        return bool(parked)
 
     def _check_stop(self) -> None:
         if self.stop_event.is_set() or not parent_alive(self.parent_pid):
@@ -180,7 +217,8 @@ class RolloutWorker:
         if self.waiting[split]:
             return False
         self.step_split(split)
-        self.request(split)
+        if not self.parked[split]:
+            self.request(split)
         return True
 
     def step_split(self, split: int) -> None:
@@ -192,7 +230,9 @@ class RolloutWorker:
         such rows), redraws its policy if its env's episode ended during the trajectory (several policies),
         and moves to ``(new slot, 0)``, where it starts with the bootstrap row ``obs[slot, T]`` and the core
         state ``rnn_states[slot, T]`` (zeros if the row's policy changed). Finished episodes are kept for
-        :meth:`report_stats`.
+        :meth:`report_stats`. With ``--async_rl=False``, a split whose rows have written their
+        ``sync_rollouts`` trajectories of this iteration is parked (:attr:`parked`): :meth:`on_reply` asks for
+        no actions for it until :meth:`resume`.
 
         Raises:
             Stopped: the stop event was set while waiting for a free slot.
@@ -244,6 +284,9 @@ class RolloutWorker:
                     # another policy's core state means nothing to this one: it starts from zeros
                     self.rnn_states[new, 0] = 0.0 if switched else self.rnn_states[slots[i], self.T]
                 slots[i], ts[i] = new, 0
+            if self.sync:  # the split's rows started together, so they reach the boundary together
+                self.quota[split] -= 1
+                self.parked[split] = self.quota[split] == 0
         cur[:, 0], cur[:, 1] = slots, ts
 
     def request(self, split: int) -> None:
@@ -273,6 +316,14 @@ class RolloutWorker:
             self.start()
             last_reply = time.monotonic()
             while True:
+                if self.all_parked:  # --async_rl=False: the learner trains on what the splits wrote
+                    t0 = time.monotonic()
+                    while not self.take_returned_slots(timeout=0.5):
+                        self._check_stop()
+                    self.counters.add_wait(time.monotonic() - t0)
+                    self.resume()
+                    last_reply = time.monotonic()
+                    continue
                 t0 = time.monotonic()
                 ready = wait(self.conns, timeout=0.5)
                 self.counters.add_wait(time.monotonic() - t0)
