@@ -9,8 +9,9 @@ run), builds the same environment as training, except for wrappers meant for tra
 gets ``evaluation=True`` in its ``env_config``), loads the latest (or best) checkpoint, and plays
 episodes with one environment in this process. Each episode's return and length are printed, and
 all of them with their means go to ``TRAIN_DIR/EXPERIMENT/eval.json``. With ``--save_video`` the
-frames (``render_mode="rgb_array"``, no display needed) are written to an mp4 with ffmpeg (the
-``imageio-ffmpeg`` wheel ships it). Exit codes: 0 done, 2 invalid flags, no experiment or no
+frames (``render_mode="rgb_array"``, no display needed: see :mod:`msf.envs.offscreen`) are written to an mp4
+with ffmpeg (the ``imageio-ffmpeg`` wheel ships it), one per env step, at the rate that plays them in real
+time (:func:`msf.envs.families.video_fps`). Exit codes: 0 done, 2 invalid flags, no experiment or no
 checkpoint.
 """
 
@@ -114,7 +115,8 @@ def build_enjoy_parser() -> argparse.ArgumentParser:
         "--fps",
         type=integer,
         default=0,
-        help="Frames per second of the video and of the window (0: the env's render_fps, else 30)",
+        help="Frames per second of the video and of the window (0: real time, one frame per env step: the env's "
+        "render_fps, or 30 without one; atari_* 15 and doom_* 8.75, their 60 and 35 frames/s over 4 frames per step)",
     )
     return parser
 
@@ -168,7 +170,7 @@ def validate_eval_args(ev: EvalArgs) -> None:
     p = Problems()
     for name in ("max_num_episodes", "max_num_frames", "video_frames"):
         p.check(getattr(ev, name) >= 1, name, f"must be a positive integer, got {getattr(ev, name)}")
-    p.check(ev.fps >= 0, "fps", f"must be >= 0 (0: the env's render_fps), got {ev.fps}")
+    p.check(ev.fps >= 0, "fps", f"must be >= 0 (0: real time), got {ev.fps}")
     p.raise_if_any([f.name for f in dataclasses.fields(EvalArgs)])
 
 
@@ -180,12 +182,13 @@ def evaluate(cfg: Config, ev: EvalArgs) -> dict:
             kind asked for, or the env cannot render the video asked for.
         RuntimeError: the checkpoint does not fit the model (torch's message).
     """
+    from msf.envs.families import video_fps
     from msf.envs.registry import spaces_of
     from msf.model.actor_critic import ActorCritic
 
     exp_dir = os.path.join(cfg.train_dir, cfg.experiment)
     state = _load_checkpoint(cfg, ev, exp_dir)
-    render = _render_mode(ev)
+    render = _render_mode(ev, cfg.env)
     seed = cfg.seed if cfg.seed is not None else 0
     env = _make_eval_env(cfg, seed, render)
     video = None
@@ -194,7 +197,7 @@ def evaluate(cfg: Config, ev: EvalArgs) -> dict:
         model = ActorCritic(cfg, spaces_of(env))
         model.load_state_dict(state["model"])
         model.eval()
-        fps = ev.fps or int(env.metadata.get("render_fps") or 30)
+        fps = ev.fps or video_fps(cfg.env, env)  # one frame per env step, played in real time
         print(
             f"msf-enjoy: {cfg.env} | {state['path']} (env steps {state['env_steps']}, policy version "
             f"{state['policy_version']}) | {'deterministic' if ev.eval_deterministic else 'sampled'} actions"
@@ -226,6 +229,7 @@ def evaluate(cfg: Config, ev: EvalArgs) -> dict:
         "wall_seconds": time.monotonic() - t0,
         "video": video.path if video else None,
         "video_frames": video.frames if video else 0,
+        "video_fps": fps if video else None,
     }
 
 
@@ -259,12 +263,17 @@ def _load_checkpoint(cfg: Config, ev: EvalArgs, exp_dir: str) -> dict:
     return scan.state
 
 
-def _render_mode(ev: EvalArgs) -> str | None:
-    """``rgb_array`` for a video, ``human`` when a display is there and wanted, else None."""
+def _render_mode(ev: EvalArgs, env_name: str) -> str | None:
+    """``rgb_array`` for a video (made ready to render off-screen), ``human`` when a display is there and
+    wanted, else None.
+
+    Raises:
+        ConfigError: a MuJoCo env, no display, and no off-screen OpenGL backend works here.
+    """
     if ev.save_video:
-        # off-screen: SDL (pygame, used by gymnasium's classic-control renderers) needs no display then
-        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
-        os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+        from msf.envs.offscreen import prepare_offscreen
+
+        prepare_offscreen(env_name)
         return "rgb_array"
     if not ev.no_render and (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
         return "human"
@@ -279,6 +288,7 @@ def _make_eval_env(cfg: Config, seed: int, render: str | None):
     """
     import gymnasium as gym
 
+    from msf.envs.offscreen import is_gl_failure
     from msf.envs.registry import env_config_of, make_env
 
     env = make_env(cfg.env, env_config_of(cfg, seed=seed, evaluation=True), render_mode=render)
@@ -286,16 +296,24 @@ def _make_eval_env(cfg: Config, seed: int, render: str | None):
         try:
             env.reset(seed=seed)
             env.render()
-        except gym.error.DependencyNotInstalled as e:
+        except Exception as e:
             env.close()
-            raise ConfigError(f"--save_video: {cfg.env} cannot render here ({e}); or use --no_render") from None
+            if isinstance(e, gym.error.DependencyNotInstalled):
+                raise ConfigError(f"--save_video: {cfg.env} cannot render here ({e}); or use --no_render") from None
+            if is_gl_failure(e):  # an OpenGL backend chosen by the user (MUJOCO_GL), or by an env of its own
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise ConfigError(
+                    f"--save_video: {cfg.env} cannot make an OpenGL context here ({first}); without a display, "
+                    "MuJoCo renders with MUJOCO_GL=egl (apt-get install libegl1) or MUJOCO_GL=osmesa (libosmesa6)"
+                ) from None
+            raise
     return env
 
 
 class _Video:
     """An mp4 of rendered frames (``env.render()`` in ``rgb_array`` mode), at most ``max_frames`` of them."""
 
-    def __init__(self, path: str, fps: int, max_frames: int):
+    def __init__(self, path: str, fps: float, max_frames: int):
         import imageio.v2 as imageio
 
         self.path, self.max_frames, self.frames = path, max_frames, 0

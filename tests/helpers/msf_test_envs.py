@@ -13,7 +13,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
-from msf.envs import register_env
+from msf.envs import declare_spaces, register_env
 
 
 class FailingCartPole(CartPoleEnv):
@@ -375,14 +375,28 @@ register_env("MsfRecordingCartPole", _make_recording)
 
 
 class SlowStartCartPole(CartPoleEnv):
-    """CartPole whose constructor takes ``MSF_TEST_SLOW_START_S`` seconds (default 3)."""
+    """CartPole whose constructor takes ``MSF_TEST_SLOW_START_S`` seconds (default 3); each construction appends
+    one line (the process's name) to the file ``MSF_TEST_CONSTRUCTIONS``, where that is set."""
 
     def __init__(self, **kwargs):
         time.sleep(float(os.environ.get("MSF_TEST_SLOW_START_S", "3")))
         super().__init__(**kwargs)
+        record = os.environ.get("MSF_TEST_CONSTRUCTIONS")
+        if record:
+            import multiprocessing
+
+            with open(record, "a") as f:  # one short write per line: whole lines, whichever process appends
+                f.write(f"{multiprocessing.current_process().name}\n")
 
 
 gym.register("MsfSlowStartCartPole-v0", entry_point=SlowStartCartPole, max_episode_steps=500)
+# the same env with its spaces declared: msf-train reads them without making one
+gym.register("MsfDeclaredSlowStartCartPole-v0", entry_point=SlowStartCartPole, max_episode_steps=500)
+declare_spaces(
+    "MsfDeclaredSlowStartCartPole-v0",
+    gym.spaces.Box(-np.inf, np.inf, (4,), np.float32),
+    gym.spaces.Discrete(2),
+)
 
 
 def _make_doom(name, env_config):

@@ -7,12 +7,13 @@ import re
 from .conftest import msf_env, read_summary, run_msf
 
 
-def test_a_slow_env_start_is_reported_and_measured(train_dir):
-    """Each env takes 5.5 s to make: the launcher's one (for the spaces) is said to on stderr, the rollout worker's
-    two are reported in log.txt as they come, and summary.json says when all of them had started. Before, nothing
-    was printed until the first status line (160 Doom games: 5 minutes of silence)."""
+def test_a_slow_env_start_is_reported_and_measured(train_dir, tmp_path):
+    """Each env takes 5.5 s to make: the launcher's one (for the spaces) is said to on stderr, with how to save it,
+    the rollout worker's two are reported in log.txt as they come, and summary.json says when all of them had
+    started. Before, nothing was printed until the first status line (160 Doom games: 5 minutes of silence)."""
     env = msf_env()
     env["MSF_TEST_SLOW_START_S"] = "5.5"
+    env["MSF_TEST_CONSTRUCTIONS"] = str(tmp_path / "made.txt")
     r = run_msf(
         [
             "--env=msf_test_envs:MsfSlowStartCartPole-v0",
@@ -32,6 +33,42 @@ def test_a_slow_env_start_is_reported_and_measured(train_dir):
     s = read_summary(train_dir, "slow")
     assert s["envs_started_after_s"] >= 2 * 5.5, s["envs_started_after_s"]  # one after the other, in the worker
     assert "making one msf_test_envs:MsfSlowStartCartPole-v0 env to read its observation and action spaces" in r.stderr
+    assert "msf.envs.declare_spaces, where the env is registered, saves this" in r.stderr
+    # its spaces undeclared, the env is made once more than the run uses: in the launcher, before the workers
+    assert sorted((tmp_path / "made.txt").read_text().split()) == [
+        "MainProcess",
+        "rollout_worker_0",
+        "rollout_worker_0",
+    ]
     log = (train_dir / "slow" / "log.txt").read_text()
     assert re.search(r"starting the environments: [01] of 2 made, 0 started; 0 of 1 rollout worker\(s\) ready", log)
     assert "all 2 environments of 1 rollout worker(s) started" in log
+
+
+def test_declared_spaces_spare_the_launcher_its_env(train_dir, tmp_path):
+    """The same slow env (2.5 s to make) with its spaces declared (msf.envs.declare_spaces): msf-train reads them
+    without making one, so the run makes its 2 envs and no third. Before, the launcher always made one more in its
+    own process: one constructor's time more before the workers were even spawned."""
+    env = msf_env()
+    env["MSF_TEST_SLOW_START_S"] = "2.5"
+    made = tmp_path / "made.txt"
+    env["MSF_TEST_CONSTRUCTIONS"] = str(made)
+    r = run_msf(
+        [
+            "--env=msf_test_envs:MsfDeclaredSlowStartCartPole-v0",
+            "--experiment=declared",
+            f"--train_dir={train_dir}",
+            "--num_workers=1",
+            "--num_envs_per_worker=2",
+            "--batch_size=64",
+            "--encoder_mlp_layers",
+            "16",
+            "--train_for_env_steps=1000",
+        ],
+        timeout=150,
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert read_summary(train_dir, "declared")["status"] == "done"
+    assert made.read_text().split() == ["rollout_worker_0", "rollout_worker_0"]  # the run's own 2, nothing else
+    assert "to read its observation and action spaces" not in r.stderr

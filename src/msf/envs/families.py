@@ -22,6 +22,10 @@ MakeFn = Callable[[str, dict], gym.Env]
 # Frames per env step of each family (Sample Factory counts frames: env_frames = env_steps x frameskip)
 FRAMESKIP = {"atari_": 4, "doom_": 4}
 
+# Frames per second of game time of the families whose steps skip frames: the Atari 2600's 60 Hz, Doom's 35 tics/s.
+# A video of one frame per step plays in real time at GAME_FPS / FRAMESKIP (see video_fps).
+GAME_FPS = {"atari_": 60, "doom_": 35}
+
 MUJOCO = {
     "hopper": "Hopper-v5",
     "halfcheetah": "HalfCheetah-v5",
@@ -136,7 +140,13 @@ def make_atari(name: str, env_config: dict[str, Any]) -> gym.Env:
         full_action_space=bool(env_config.get("atari_full_action_space")),
     )
     env = gym.wrappers.AtariPreprocessing(
-        env, noop_max=30, frame_skip=4, screen_size=84, grayscale_obs=True, terminal_on_life_loss=False, scale_obs=False
+        env,
+        noop_max=30,
+        frame_skip=FRAMESKIP["atari_"],
+        screen_size=84,
+        grayscale_obs=True,
+        terminal_on_life_loss=False,
+        scale_obs=False,
     )
     if not env_config.get("evaluation"):
         env = EpisodicLife(env)
@@ -161,7 +171,7 @@ def make_doom(name: str, env_config: dict[str, Any]) -> gym.Env:
     wide = bool(env_config.get("wide_aspect_ratio", False))
     env = gym.make(
         DOOM[scenario],
-        frame_skip=4,
+        frame_skip=FRAMESKIP["doom_"],
         render_mode=env_config.get("render_mode"),
         screen_resolution="RES_256X144" if wide else "RES_160X120",
     )
@@ -285,6 +295,19 @@ def apply_family_defaults(cfg, given: set[str]):
     if family == "MiniGrid-" and "encoder_conv_architecture" not in given:
         changes["encoder_conv_architecture"] = "resnet_impala"
     return dataclasses.replace(cfg, **changes) if changes else cfg
+
+
+def video_fps(name: str, env: gym.Env) -> float:
+    """Frames per second that play a video of one frame per env step of ``env`` (made for ``name``) in real time.
+
+    Gymnasium's ``render_fps`` is that rate for most envs (CartPole's 50, MuJoCo's ``1 / dt`` of a step); the
+    Atari and Doom envs give their game's rate instead (ALE 30, ViZDoom 35), while a step here is 4 frames: their
+    videos played 2x and 4x too fast. For them, :data:`GAME_FPS` over :data:`FRAMESKIP`: 15 and 8.75.
+    """
+    family = family_of(name)
+    if family in GAME_FPS:
+        return GAME_FPS[family] / FRAMESKIP[family]
+    return float(env.metadata.get("render_fps") or 30)
 
 
 def family_maker(name: str) -> MakeFn | None:

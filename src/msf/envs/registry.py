@@ -20,6 +20,7 @@ from msf.cfg.validation import ConfigError
 
 MakeEnvFn = Callable[[str, dict], gym.Env]
 _REGISTRY: dict[str, MakeEnvFn] = {}
+_DECLARED: dict[str, "EnvSpaces"] = {}  # by short name (the ``Id`` of ``module:Id``): see declare_spaces
 
 
 def register_env(name: str, make_env_fn: MakeEnvFn) -> None:
@@ -32,9 +33,56 @@ def register_env(name: str, make_env_fn: MakeEnvFn) -> None:
     for ``msf-enjoy`` also ``evaluation`` (True: leave out wrappers meant for training only) and
     ``render_mode`` (None, ``"rgb_array"`` or ``"human"``).
     The registration must happen at import of a module that the rollout workers also import
-    (they are started with ``spawn``); pass ``--env=module:name`` to have it imported.
+    (they are started with ``spawn``); pass ``--env=module:name`` to have it imported. An env that is slow to
+    make should have its spaces declared there too (:func:`declare_spaces`).
     """
     _REGISTRY[name] = make_env_fn
+
+
+def declare_spaces(name: str, observation_space: gym.Space, action_space: gym.Space, num_agents: int = 1) -> None:
+    """Declare the spaces of the env ``name`` (a name given to :func:`register_env`, or a gymnasium id) as
+    ``make_env`` will return them (one agent's, for a multi-agent env of ``num_agents``), so that
+    ``msf-train`` reads them here instead of making an env in its own process before the workers start: an env
+    whose constructor takes S seconds then costs its S once per env, not once more (one worker making 2 envs of
+    90 s started training after 285 s, the launcher's 90 s included). Call it where the env is registered.
+    Every env made afterwards is checked against the declaration (a mismatch is an error, naming both).
+
+    Raises:
+        TypeError: a space that is not a gymnasium space. ConfigError: spaces msf does not support.
+    """
+    if not isinstance(observation_space, gym.Space) or not isinstance(action_space, gym.Space):
+        raise TypeError(
+            f"declare_spaces({name!r}): observation_space and action_space must be gymnasium spaces, got "
+            f"{type(observation_space).__name__} and {type(action_space).__name__}"
+        )
+    _DECLARED[name] = spaces_of(flatten_dict_obs(_Declared(observation_space, action_space, num_agents)))
+
+
+class _Declared(gym.Env):
+    """An env that is only its declared spaces (never reset or stepped): what :func:`spaces_of` reads."""
+
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space, num_agents: int):
+        self.observation_space, self.action_space = observation_space, action_space
+        if num_agents != 1:
+            self.num_agents = num_agents
+
+
+def _check_declared(name: str, env: gym.Env) -> gym.Env:
+    """``env`` as made for ``name``, after checking it has the spaces declared for it, if any.
+
+    Raises:
+        ValueError: it has others (both named).
+    """
+    declared = _DECLARED.get(name.rpartition(":")[2])
+    if declared is not None:
+        actual = spaces_of(env)
+        if actual != declared:
+            env.close()
+            raise ValueError(
+                f"{name}: the env has other spaces than were declared for it (msf.envs.declare_spaces): "
+                f"declared {declared}, made {actual}"
+            )
+    return env
 
 
 def _resolve(name: str) -> tuple[str, MakeEnvFn | None]:
@@ -108,21 +156,23 @@ def make_env(name: str, env_config: dict[str, Any] | None = None, render_mode: s
 
     Raises:
         ConfigError: the name is neither registered here nor a gymnasium id.
+        ValueError: the env's spaces are not those declared for it (:func:`declare_spaces`).
     """
     env_config = dict(env_config or {})
     key, fn = _resolve(name)
     if fn is not None:
         if render_mode is not None:
             env_config["render_mode"] = render_mode
-        return flatten_dict_obs(fn(key, env_config))
+        return _check_declared(name, flatten_dict_obs(fn(key, env_config)))
     try:
         # the env checker costs ~10 us per step on tiny envs, and runs only on the first steps anyway
-        return flatten_dict_obs(gym.make(key, disable_env_checker=True, render_mode=render_mode))
+        env = flatten_dict_obs(gym.make(key, disable_env_checker=True, render_mode=render_mode))
     except gym.error.Error as e:
         raise ConfigError(
             f"--env: unknown environment {name!r} ({e}). Valid: a gymnasium id such as CartPole-v1, "
             "'module:Id' to import a module that registers it, or a name passed to msf.envs.register_env"
         ) from None
+    return _check_declared(name, env)
 
 
 @dataclass(frozen=True)
@@ -238,10 +288,11 @@ def _layout_entry(key: str, space: gym.Space) -> tuple[str, tuple[int, ...], int
 
 
 def env_spaces(name: str, env_config: dict[str, Any] | None = None, note_after_s: float = 5.0) -> EnvSpaces:
-    """Make one env of ``name`` in this process, read its spaces and close it (not reset: ViZDoom's engine
-    starts at the first reset, so this costs a Doom env nothing). An env whose constructor takes longer than
-    ``note_after_s`` is said to on stderr, and how long it took: before this, a constructor of 90 s was 90 s of
-    silence before the workers even started.
+    """The spaces of the env ``name``: those declared for it (:func:`declare_spaces`), without making it; else
+    one env made in this process, read and closed (not reset: ViZDoom's engine starts at the first reset, so
+    this costs a Doom env nothing). An env whose constructor takes longer than ``note_after_s`` is said to on
+    stderr, with how to skip it, and how long it took: before this, a constructor of 90 s was 90 s of silence
+    before the workers even started.
 
     Raises:
         ConfigError: unknown env, a family whose extra is missing, or unsupported spaces.
@@ -250,12 +301,17 @@ def env_spaces(name: str, env_config: dict[str, Any] | None = None, note_after_s
     import threading
     import time
 
+    key, fn = _resolve(name)
+    declared = _DECLARED.get(name.rpartition(":")[2])
+    if declared is not None and (fn is not None or _is_gym_id(key)):
+        return declared  # an unknown name is left to make_env, which names it
     t0 = time.monotonic()
     note = threading.Timer(
         note_after_s,
         lambda: print(
             f"msf: making one {name} env to read its observation and action spaces, before the workers "
-            f"start (its constructor has taken {note_after_s:.0f} s so far)",
+            f"start (its constructor has taken {note_after_s:.0f} s so far; msf.envs.declare_spaces, where the "
+            "env is registered, saves this)",
             file=sys.stderr,
         ),
     )
@@ -272,3 +328,12 @@ def env_spaces(name: str, env_config: dict[str, Any] | None = None, note_after_s
         return spaces_of(env)
     finally:
         env.close()
+
+
+def _is_gym_id(key: str) -> bool:
+    """``key`` (``Id`` or ``module:Id``, the module imported) is registered with gymnasium."""
+    try:
+        gym.spec(key.rpartition(":")[2])
+    except gym.error.Error:
+        return False
+    return True

@@ -1,0 +1,69 @@
+"""Declared spaces (``msf.envs.declare_spaces``): read without making an env, and held to by every env made."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from msf.cfg.validation import ConfigError
+from msf.envs import registry
+from msf.envs.registry import EnvSpaces, declare_spaces, env_spaces, make_env, register_env, spaces_of
+
+
+class _Pair(gym.Env):
+    """Two agents, a Dict observation each (one-hot room, a position), three actions."""
+
+    num_agents = 2
+
+    def __init__(self, rooms: int = 3):
+        self.observation_space = gym.spaces.Dict(
+            {"pos": gym.spaces.Box(-1, 1, (2,), np.float32), "room": gym.spaces.Discrete(rooms)}
+        )
+        self.action_space = gym.spaces.Discrete(3)
+
+
+@pytest.fixture(autouse=True)
+def _own_registry(monkeypatch):
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    monkeypatch.setattr(registry, "_DECLARED", dict(registry._DECLARED))
+
+
+def test_declared_spaces_are_read_without_making_the_env_and_equal_the_made_ones():
+    made = []
+    register_env("pair", lambda name, env_config: made.append(env_config) or _Pair())
+    declare_spaces("pair", _Pair().observation_space, _Pair().action_space, num_agents=2)
+    spaces = env_spaces("pair")
+    assert made == []  # nothing was made to read them
+    assert spaces == EnvSpaces(
+        obs_shape=(5,),
+        obs_dtype=np.float32,
+        discrete=True,
+        num_actions=3,
+        obs_layout=(("pos", (2,), 2), ("room", (3,), 3)),
+        num_agents=2,
+    )
+    env = make_env("pair")  # the made env holds to them, so it is made as usual
+    assert len(made) == 1 and spaces_of(env) == spaces
+    # undeclared, the spaces come from one env made here
+    register_env("pair_undeclared", lambda name, env_config: made.append(env_config) or _Pair())
+    assert env_spaces("pair_undeclared") == spaces and len(made) == 2
+
+
+def test_an_env_that_does_not_match_its_declaration_is_refused_with_both():
+    register_env("pair", lambda name, env_config: _Pair(rooms=4))
+    declare_spaces("pair", _Pair().observation_space, _Pair().action_space, num_agents=2)
+    with pytest.raises(ValueError, match=r"pair: the env has other spaces than were declared") as e:
+        make_env("pair")
+    assert "obs_shape=(5,)" in str(e.value) and "obs_shape=(6,)" in str(e.value)  # declared, then made
+
+
+def test_a_declaration_needs_gymnasium_spaces_and_names_that_exist():
+    with pytest.raises(TypeError, match="must be gymnasium spaces"):
+        declare_spaces("x", (4,), gym.spaces.Discrete(2))
+    with pytest.raises(ConfigError, match="not supported"):
+        declare_spaces("x", gym.spaces.Box(0, 1, (2, 2)), gym.spaces.Discrete(2))  # 2-D observations
+    # a declared name that no gymnasium id and no registration carries is still unknown
+    declare_spaces("NoSuchEnv-v0", gym.spaces.Box(0, 1, (4,)), gym.spaces.Discrete(2))
+    with pytest.raises(ConfigError, match="unknown environment 'NoSuchEnv-v0'"):
+        env_spaces("NoSuchEnv-v0")
