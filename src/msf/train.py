@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from msf.cfg.arguments import parse_args
 from msf.cfg.config import Config
-from msf.cfg.validation import ConfigError, check_sync, validate
+from msf.cfg.validation import ConfigError, check_sync, resolve_deterministic, validate
 
 if TYPE_CHECKING:  # imported in the functions: --help and invalid flags answer before torch loads
     from msf.distributed.nodes import NodePlan
@@ -171,9 +171,10 @@ def _main(argv: list[str] | None) -> int:
         for line in e.problems:
             print(f"msf-train: error: {line}", file=sys.stderr)
         return 2
-    for line in start_warnings(cfg, plan, changes):
+    warnings = start_warnings(cfg, plan, changes)
+    for line in warnings:
         print(line, file=sys.stderr)
-    from msf.persistence.summaries import setup_logging
+    from msf.persistence.summaries import LOG_FILE_ONLY, setup_logging
     from msf.runner.experiment import prepare_experiment_dir, wait_for_experiment_dir
 
     if prepares_dir:
@@ -181,6 +182,8 @@ def _main(argv: list[str] | None) -> int:
     else:
         exp_dir = wait_for_experiment_dir(cfg)  # the node's local rank 0 prepares it
     setup_logging(exp_dir, rank=plan.rank)
+    for line in warnings:  # printed above; the log keeps them too
+        logging.getLogger("msf").warning("%s", line.removeprefix("msf-train: warning: "), extra=LOG_FILE_ONLY)
     if changes:
         logging.getLogger("msf").warning("resuming with changed flags: %s", "; ".join(changes))
     for note in set_aside if prepares_dir else ():
@@ -211,7 +214,7 @@ def prepare(cfg: Config, given: set[str]) -> tuple[Config, EnvSpaces, NodePlan, 
     from msf.runner.experiment import resume_config
     from msf.runner.launch import resolve
 
-    cfg = apply_family_defaults(cfg, given)
+    cfg = resolve_deterministic(apply_family_defaults(cfg, given), given)
     validate(cfg)
     plan = discover(cfg, given)
     if plan.launcher != "local" and cfg.max_restarts > 0:
@@ -242,6 +245,16 @@ def start_warnings(cfg: Config, plan: NodePlan, changes: list[str]) -> list[str]
             f"msf-train: warning: resuming {cfg.experiment!r} with flags that differ from its saved config: "
             + "; ".join(changes)
         )
+    if cfg.deterministic and plan.node_rank == 0 and not plan.local_rank:
+        from msf.envs.registry import env_config_of
+        from msf.envs.seeding import reset_ignores_seed
+
+        if reset_ignores_seed(cfg.env, env_config_of(cfg)):
+            lines.append(
+                f"msf-train: warning: --deterministic: {cfg.env!r} gave two different first observations for two "
+                "resets with the same seed: its episodes, and so the run, will not repeat bit for bit (the env "
+                "ignores its seed, or draws from a source of its own)"
+            )
     if cfg.with_pbt and max(cfg.pbt_start_mutation, cfg.pbt_period_env_steps) > cfg.train_for_env_steps:
         lines.append(
             f"msf-train: warning: --with_pbt: no replacement can happen within --train_for_env_steps="

@@ -428,3 +428,14 @@ def _make_doom(name, env_config):
 
 
 register_env("MsfDoom", _make_doom)
+
+
+class UnseededCartPole(CartPoleEnv):
+    """CartPole whose reset ignores the seed it is given (it draws its start state from the OS): what
+    ``--deterministic`` warns about."""
+
+    def reset(self, *, seed=None, options=None):
+        return super().reset(seed=int.from_bytes(os.urandom(4), "little"), options=options)
+
+
+gym.register("MsfUnseededCartPole-v0", entry_point=UnseededCartPole, max_episode_steps=500)

@@ -171,3 +171,38 @@ def test_sync_mode_needs_one_policy():
 def test_the_flags_take_sample_factorys_boolean_spellings(flag):
     assert getattr(_cfg(f"{flag}=False"), flag[2:]) is False
     assert getattr(_cfg(f"{flag}=True"), flag[2:]) is True
+
+
+def test_reset_ignores_seed_tells_a_seeded_env_from_one_that_is_not():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helpers"))
+    import msf_test_envs  # noqa: F401 - registers the test envs
+
+    from msf.envs.seeding import reset_ignores_seed
+
+    assert not reset_ignores_seed("CartPole-v1")
+    assert reset_ignores_seed("MsfUnseededCartPole-v0")
+
+
+def test_per_row_generators_make_an_action_independent_of_the_batch():
+    """--deterministic's sampling: a row's action depends on its own generator only, not on the rows beside it
+    in the batch or their number."""
+    cfg = _cfg()
+    spaces = env_spaces(cfg.env)
+    torch.manual_seed(0)
+    model = ActorCritic(cfg, spaces).eval()
+    obs = torch.randn(6, 4)
+
+    def gens(seeds):
+        return [torch.Generator().manual_seed(s) for s in seeds]
+
+    together = torch.stack([model.act(obs, None, gens(range(6)))[0] for _ in range(1)])[0]
+    alone = torch.cat([model.act(obs[i : i + 1], None, gens([i]))[0] for i in range(6)])
+    assert torch.equal(together, alone)
+    reordered = model.act(obs.flip(0), None, gens(reversed(range(6))))[0]
+    assert torch.equal(reordered.flip(0), together)
+    # and the draws are random: 200 draws of one row cover both CartPole actions
+    g = gens([0])
+    assert set(model.act(obs[:1].expand(200, 4), None, g * 200)[0].tolist()) == {0, 1}

@@ -143,6 +143,15 @@ class SamplingFlags:
         "device group serial), --async_rl and every env family, policy count and model",
         scope=(LAUNCH,),
     )
+    deterministic: bool = flag(
+        False,
+        "The same command with the same --seed on the same machine gives the same run, bit for bit: the same "
+        "model and optimiser tensors in every checkpoint. Implies --async_rl=False and --learner_threads=1 "
+        "(unless given); envs are seeded by the seed and their job-wide index, actions are drawn from a "
+        "generator per env seeded alike, an inference batch is one split of one rollout worker, a training "
+        "batch is in job-wide env order, torch.use_deterministic_algorithms is on. Slower (benchmarks/). An env "
+        "that is not deterministic itself is the user's",
+    )
     max_policy_lag: int = flag(
         1000,
         "Trajectories whose oldest action is more than this many policy versions old are dropped (and counted)",

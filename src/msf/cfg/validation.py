@@ -287,6 +287,37 @@ def _check_writable(train_dir: str) -> None:
         raise ConfigError(f"--train_dir: {train_dir!r} is not a writable folder ({e.strerror or e})") from None
 
 
+def resolve_deterministic(cfg: Config, given: set[str]) -> Config:
+    """``--deterministic=True`` implies ``--async_rl=False`` and ``--learner_threads=1``, unless they are given;
+    given, they must fit.
+
+    Args:
+        given: the names of the flags given explicitly.
+
+    Raises:
+        ConfigError: ``--async_rl=True`` or ``--learner_threads=0`` given with ``--deterministic=True``.
+    """
+    if not cfg.deterministic:
+        return cfg
+    p = Problems()
+    p.check(
+        not ("async_rl" in given and cfg.async_rl),
+        "async_rl",
+        "True contradicts --deterministic=True: a run is reproducible only when the learner trains on exactly "
+        "the trajectories its current weights collected (leave --async_rl out, or set it to False)",
+    )
+    p.check(
+        not ("learner_threads" in given and cfg.learner_threads == 0),
+        "learner_threads",
+        "0 (set from the measured load during the run) contradicts --deterministic=True: a float sum depends on "
+        "the threads it is split over; give a fixed number (the default with --deterministic is 1)",
+    )
+    p.raise_if_any()
+    return dataclasses.replace(
+        cfg, async_rl=False, learner_threads=cfg.learner_threads if "learner_threads" in given else 1
+    )
+
+
 def check_sync(cfg: Config, num_agents: int, nproc_per_node: int) -> None:
     """``--async_rl=False`` (synchronous PPO): one policy, and a training iteration (``batch_size x
     num_batches_per_epoch`` samples) that is a whole multiple of one rollout of every env of each device group

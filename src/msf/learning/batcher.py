@@ -26,6 +26,7 @@ from msf.sampling.messages import FullTrajectories, SlotsReturned
 from msf.sampling.trajectory_buffer import TrajectoryBuffer
 
 Batch = dict[str, torch.Tensor]
+_KEY = "_slot_key"  # with in_env_order: each copied-out trajectory's key, until the batch is sorted by it
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,8 @@ class Batcher:
         hold_slots: ``--async_rl=False``: the slots of a copied-out batch go back to their workers only when
             :meth:`release` says that the learner has trained on it (the workers wait until then, so that they
             act with the weights that training gave); False: as soon as they are copied out.
+        in_env_order: ``--deterministic``: a batch's trajectories in job-wide env order (each env's in the order
+            it wrote them: ``buffer.slot_key``), whatever order the workers announced them in.
     """
 
     def __init__(
@@ -73,9 +76,10 @@ class Batcher:
         trajectories_per_iteration: int,
         max_policy_lag: int,
         hold_slots: bool = False,
+        in_env_order: bool = False,
     ):
         self.buffer, self.full_queue, self.free_queues = buffer, full_queue, free_queues
-        self.hold_slots = hold_slots
+        self.hold_slots, self.in_env_order = hold_slots, in_env_order
         self._held: list[list[tuple[int, int]]] = [[] for _ in range(num_policies)]
         self.batch_size, self.max_policy_lag = trajectories_per_iteration, max_policy_lag
         self._slot_policy = buffer.slot_policy.numpy()  # a view: workers write it before they announce
@@ -125,7 +129,10 @@ class Batcher:
         if not pending or need <= 0:
             return 0, 0
         items = [pending.popleft() for _ in range(min(need, len(pending)))]
-        batch = self.buffer.gather(torch.tensor([s for _, s in items], dtype=torch.int64))
+        slots = torch.tensor([s for _, s in items], dtype=torch.int64)
+        batch = self.buffer.gather(slots)
+        if self.in_env_order:
+            batch[_KEY] = self.buffer.slot_key.index_select(0, slots)
         if self.hold_slots:
             self._held[policy].extend(items)
         else:  # the slots are free as soon as the copy is made
@@ -160,10 +167,15 @@ class Batcher:
             return None
         ready = self._ready[policy]
         joined = {k: torch.cat([b[k] for b in ready]) for k in ready[0]}
+        if self.in_env_order:
+            order = torch.argsort(joined[_KEY])
+            joined = {k: v.index_select(0, order) for k, v in joined.items()}
         rest = {k: v[n:] for k, v in joined.items()}
         self._ready[policy] = [rest] if rest["rewards"].shape[0] else []
         self._ready_count[policy] -= n
-        return {k: v[:n] for k, v in joined.items()}
+        batch = {k: v[:n] for k, v in joined.items()}
+        batch.pop(_KEY, None)
+        return batch
 
     def empty_batch(self) -> Batch:
         """A batch of a real one's shapes and dtypes (``trajectories_per_iteration`` trajectories) whose samples

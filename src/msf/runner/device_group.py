@@ -148,6 +148,7 @@ def _start_workers(
                 stop_event=stop_event,
                 parent_pid=me,
                 counters=inference_stats[p * K + i],
+                first_worker=first_worker,
             )
             name = f"{prefix}inference_worker_{i}" if P == 1 else f"{prefix}inference_worker_p{p}_{i}"
             procs.append(spawn(inference_worker_main, name, failures, spec))
@@ -206,6 +207,8 @@ def run_device_group(cfg: Config, spaces: EnvSpaces, rank: RankInfo, heartbeat: 
     device = f"cuda:{rank.local_rank}" if cfg.device == "gpu" else "cpu"
     torch.manual_seed(cfg.seed)  # the same on every replica; DDP also broadcasts rank 0's weights
     _set_learner_process(cfg, rank)
+    if cfg.deterministic:
+        _make_deterministic(cfg, device)
     learners = _make_learners(cfg, group_cfg, derived, spaces, device, rank)
     world = collectives_of()  # every rank: the loop's agreement, the statistics, the checkpoint exchange
     # no shared file system needed: the rank with the newest checkpoint sends it to the others
@@ -260,6 +263,22 @@ def run_device_group(cfg: Config, spaces: EnvSpaces, rank: RankInfo, heartbeat: 
     if status == "failed":
         raise RunFailed(str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__) from error
     return summary
+
+
+def _make_deterministic(cfg: Config, device: str) -> None:
+    """``--deterministic``: deterministic torch kernels (and cuDNN's), and one log line on what the run can
+    vouch for."""
+    torch.use_deterministic_algorithms(True)
+    if device.startswith("cuda"):
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # what cuBLAS needs to be deterministic
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    log.info(
+        "--deterministic: synchronous PPO, envs seeded by --seed=%d and their job-wide index, an action generator "
+        "per env, one split per inference batch, batches in env order, %d learner thread(s), deterministic torch "
+        "kernels: the same command on this machine gives the same run, as far as the env is deterministic itself",
+        cfg.seed,
+        torch.get_num_threads(),
+    )
 
 
 def _budget_spent(cfg: Config, state: TrainState, derived: Derived) -> bool:
@@ -347,8 +366,11 @@ def _start_rank_workers(
 ) -> Channels:
     """This device group's workers (:func:`_start_workers`), with their own seeds and names. Collective (over
     ``world``, every rank): the ranks' rollout worker counts, for the workers' job-wide indices."""
-    # environments are seeded differently on every rank, so that replicas see different experience
-    worker_cfg = dataclasses.replace(group_cfg, seed=cfg.seed + 1_000_003 * rank.rank)
+    # environments are seeded differently on every rank, so that replicas see different experience; with
+    # --deterministic, by the seed and their job-wide index alone (already different on every rank), so that
+    # an env gets the same seed on 1 or N device groups
+    offset = 0 if cfg.deterministic else 1_000_003 * rank.rank
+    worker_cfg = dataclasses.replace(group_cfg, seed=cfg.seed + offset)
     first_worker = sum(split_evenly(cfg.num_workers, rank.nproc_per_node, i) for i in range(rank.local_rank))
     # the job-wide index of this group's first rollout worker: every node may run its own --num_workers
     counts = world.all_gather(torch.tensor([group_cfg.num_workers], dtype=torch.int64)).flatten().tolist()

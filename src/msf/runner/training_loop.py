@@ -157,6 +157,7 @@ class TrainingLoop:
             derived.trajectories_per_iteration,
             cfg.max_policy_lag,
             hold_slots=not cfg.async_rl,
+            in_env_order=cfg.deterministic,
         )
         self.reporter = Reporter(
             cfg, derived, rank, state, learners, ch.rollout_wait, ch.inference_stats, tb, world, self.start_time

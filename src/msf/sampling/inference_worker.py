@@ -56,6 +56,21 @@ class InferenceWorker:
         self.model = ActorCritic(cfg, spaces).to(self.device).eval()
         self.version = -1
         self.worker_of = {c: w for w, c in self.conns.items()}
+        # --deterministic: one request per forward pass (a batch's composition never depends on timing), and
+        # each row's action from a generator of its own, seeded by the seed and the row's job-wide index
+        self.deterministic, self.seed = cfg.deterministic, cfg.seed
+        self.first_row = spec.first_worker * self.cursors.shape[1]
+        self.generators: dict[int, torch.Generator] = {}
+
+    def _generators(self, rows: np.ndarray) -> list[torch.Generator]:
+        """The action generators of these job-wide rows (made on first use)."""
+        out = []
+        for r in rows.tolist():
+            g = self.generators.get(r)
+            if g is None:
+                g = self.generators[r] = torch.Generator().manual_seed(self.seed * 1_000_003 + r)
+            out.append(g)
+        return out
 
     def _refresh_weights(self) -> None:
         if self.weights.version != self.version:
@@ -74,19 +89,27 @@ class InferenceWorker:
             TimeoutError: the published weights stayed torn (see :meth:`PublishedWeights.load_into`).
         """
         self._refresh_weights()
-        self._serve(requests)
+        if self.deterministic:
+            for request in requests:
+                self._serve([request])
+        else:
+            self._serve(requests)
 
     @torch.inference_mode()
     def _serve(self, requests: list[tuple[int, int]]) -> None:
         cur = np.concatenate([self.cursors[w, s * self.eps : (s + 1) * self.eps] for w, s in requests])
+        E = self.cursors.shape[1]
+        rows = np.concatenate([w * E + np.arange(s * self.eps, (s + 1) * self.eps) for w, s in requests])
         if self.slot_policy is not None:
-            cur = cur[self.slot_policy[cur[:, 0]] == self.policy]
+            mine = self.slot_policy[cur[:, 0]] == self.policy
+            cur, rows = cur[mine], rows[mine]
         slots, ts = cur[:, 0], cur[:, 1]
         obs_idx = torch.from_numpy(slots * (self.T + 1) + ts)
         act_idx = torch.from_numpy(slots * self.T + ts)
         obs = self.obs_flat.index_select(0, obs_idx).to(self.device, non_blocking=True)
         states = None if self.rnn_flat is None else self.rnn_flat.index_select(0, obs_idx).to(self.device)
-        actions, log_probs, values, new_states = self.model.act(obs, states)
+        generators = self._generators(self.first_row + rows) if self.deterministic else None
+        actions, log_probs, values, new_states = self.model.act(obs, states, generators)
         if new_states is not None:
             # the state before the next step, at the next row (the rollout worker zeros it at an episode end)
             self.rnn_flat[obs_idx + 1] = new_states.to("cpu")
@@ -127,6 +150,8 @@ class InferenceWorker:
 def inference_worker_main(spec: InferenceWorkerSpec) -> None:
     """Process entry point: run an :class:`InferenceWorker` of ``spec``."""
     torch.set_num_threads(1)
+    if spec.cfg.deterministic:
+        torch.use_deterministic_algorithms(True)
     if spec.cfg.num_workers > 1:
         log.info("inference worker of policy %d runs at niceness %d", spec.policy, raise_niceness(INFERENCE_NICENESS))
     InferenceWorker(spec).run()

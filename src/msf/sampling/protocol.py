@@ -180,6 +180,8 @@ class InferenceWorkerSpec:
         stop_event: set to stop.
         parent_pid: the process whose death stops the worker (None: no parent to watch, one process).
         counters: the shared counters it adds its batches, samples and waiting seconds to.
+        first_worker: the job-wide index of the device group's rollout worker 0 (with ``--deterministic``, each
+            row's action generator is seeded by its job-wide index).
     """
 
     cfg: Config
@@ -193,3 +195,4 @@ class InferenceWorkerSpec:
     stop_event: StopSignal
     parent_pid: int | None
     counters: InferenceCounters
+    first_worker: int = 0

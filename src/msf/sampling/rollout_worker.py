@@ -73,7 +73,7 @@ class RolloutWorker:
         self.obs, self.rewards, self.dones = b["obs"], b["rewards"], b["dones"]
         self.time_outs, self.actions, self.cursors = b["time_outs"], b["actions"], b["cursors"][index]
         self.rnn_states = b["rnn_states"] if b["rnn_states"].shape[-1] else None
-        self.slot_policy = b["slot_policy"]
+        self.slot_policy, self.slot_key = b["slot_policy"], b["slot_key"]
         self.obs_dtype = self.obs.dtype
         first = index * derived.slots_per_worker
         self.free_slots = collections.deque(range(first, first + derived.slots_per_worker))
@@ -83,6 +83,8 @@ class RolloutWorker:
         # picks a level or seeds itself from them did the same on every rank.
         n_env, e_split = cfg.num_envs_per_worker, derived.envs_per_split
         job_index = spec.first_worker + index
+        self.first_row = job_index * self.E  # job-wide index of row 0 (the same on 1 or N device groups)
+        self.trajectories = np.zeros(self.E, dtype=np.int64)  # per row, trajectories started so far
         self.splits: list[EnvSplit] = []
         try:
             for s in range(cfg.worker_num_splits):
@@ -131,6 +133,12 @@ class RolloutWorker:
                 self._check_stop()
             self.counters.add_wait(time.monotonic() - t0)
         return self.free_slots.popleft()
+
+    def _give(self, slot: int, row: int) -> None:
+        """``slot`` now holds ``row``'s next trajectory: its key (job-wide row, the row's trajectory count),
+        by which ``--deterministic`` orders a training batch."""
+        self.slot_key[slot] = ((self.first_row + row) << 32) | int(self.trajectories[row])
+        self.trajectories[row] += 1
 
     def take_returned_slots(self, timeout: float | None) -> bool:
         """Take every :class:`~msf.sampling.messages.SlotsReturned` on ``free_queue`` into the free slots,
@@ -195,6 +203,7 @@ class RolloutWorker:
             for i, obs in enumerate(envs.reset()):
                 e = split * self.eps + i
                 slot = self._take_slot()
+                self._give(slot, e)
                 self.cursors[e] = (slot, 0)
                 self.slot_policy[slot] = self.row_policy[e]
                 self.obs[slot, 0] = obs
@@ -277,6 +286,7 @@ class RolloutWorker:
                 self.episode_ended[lo + full] = False
             for k, i in enumerate(full):
                 new = self._take_slot()
+                self._give(new, lo + i)
                 self.obs[new, 0] = self.obs[slots[i], self.T]
                 self.slot_policy[new] = self.row_policy[lo + i]
                 if self.rnn_states is not None:

@@ -83,6 +83,7 @@ class SerialSampler:
                     stop_event=stop_event,
                     parent_pid=None,
                     counters=self.inference_stats[p * K + k],
+                    first_worker=first_worker,
                 )
             )
             for p in range(P)

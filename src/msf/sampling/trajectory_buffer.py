@@ -58,6 +58,7 @@ class TrajectoryBuffer:
     rnn_states: torch.Tensor
     cursors: torch.Tensor
     slot_policy: torch.Tensor  # [S] int64: the policy whose trajectory the slot holds
+    slot_key: torch.Tensor  # [S] int64: job-wide row x 2**32 + that row's trajectory count (--deterministic's order)
 
     @staticmethod
     def layout(cfg: Config, derived: Derived, spaces: EnvSpaces) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
@@ -77,6 +78,7 @@ class TrajectoryBuffer:
             "rnn_states": ((S, T + 1, derived.rnn_state_size), torch.float32),
             "cursors": ((cfg.num_workers, cfg.num_envs_per_worker * derived.num_agents, 2), torch.int64),
             "slot_policy": ((S,), torch.int64),
+            "slot_key": ((S,), torch.int64),
         }
 
     @staticmethod

@@ -1,0 +1,145 @@
+"""``--deterministic=True``: the same command and seed give the same run, bit for bit, whether the device group
+runs in worker processes or in one process, on one or two device groups; another seed gives another run."""
+
+from __future__ import annotations
+
+import glob
+
+import pytest
+import torch
+
+from .conftest import SLACK_S, read_summary, run_msf
+
+CARTPOLE = [
+    "--env=CartPole-v1",
+    "--num_workers=2",
+    "--num_envs_per_worker=4",
+    "--rollout=16",
+    "--batch_size=128",
+    "--encoder_mlp_layers",
+    "32",
+    "--deterministic=True",
+]
+
+
+def _train(train_dir, name: str, args: list[str], steps: int) -> tuple[dict, dict]:
+    r = run_msf(
+        [*args, f"--experiment={name}", f"--train_dir={train_dir}", f"--train_for_env_steps={steps}"],
+        timeout=300 + SLACK_S,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = read_summary(train_dir, name)
+    assert s["status"] == "done" and s["async_rl"] is False and s["policy_lag_max_run"] == 0.0
+    (last,) = sorted(glob.glob(str(train_dir / name / "checkpoint_p0" / "checkpoint_*.pth")))[-1:]
+    return s, torch.load(last, weights_only=False)
+
+
+def _same_tensors(a: dict, b: dict) -> list[str]:
+    """The names of the model and optimiser tensors that differ (bitwise) between two checkpoints."""
+    differ = [k for k in a["model"] if not torch.equal(a["model"][k], b["model"][k])]
+    for i, state in a["optimizer"]["state"].items():
+        for k, v in state.items():
+            if torch.is_tensor(v) and not torch.equal(v, b["optimizer"]["state"][i][k]):
+                differ.append(f"optimizer[{i}].{k}")
+    return differ
+
+
+def _same_run(sa: dict, sb: dict, ca: dict, cb: dict) -> None:
+    # (not the episode count: episodes are reported to the loop every 0.25 s, so the count at the last agreement
+    # depends on timing; the training does not)
+    assert (sa["env_steps"], sa["train_steps"]) == (sb["env_steps"], sb["train_steps"])
+    assert _same_tensors(ca, cb) == []
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [[], ["--nproc_per_node=2", "--batch_size=64"]],
+    ids=["one-group", "two-groups"],
+)
+def test_the_same_seed_gives_the_same_run(train_dir, extra):
+    """Two runs with one seed: the same steps, episodes and SGD steps, and bit-identical model and optimiser
+    tensors after 40 iterations (5120 env steps); the same command with another seed trains other tensors."""
+    args = [*CARTPOLE, *extra, "--seed=11"]
+    sa, ca = _train(train_dir, "a", args, 5000)
+    sb, cb = _train(train_dir, "b", args, 5000)
+    _same_run(sa, sb, ca, cb)
+    if not extra:
+        sc, cc = _train(train_dir, "c", [*CARTPOLE, "--seed=12"], 5000)
+        differ = _same_tensors(ca, cc)
+        weights = [k for k in ca["model"] if k.endswith(".weight")]
+        assert weights and set(weights) <= set(differ), differ
+
+
+def test_a_gru_model_on_a_memory_task_repeats_too(train_dir):
+    args = [
+        "--env=msf_test_envs:MsfCueMemory-v0",
+        "--num_workers=2",
+        "--num_envs_per_worker=4",
+        "--rollout=10",
+        "--batch_size=80",
+        "--use_rnn=True",
+        "--rnn_size=16",
+        "--encoder_mlp_layers",
+        "16",
+        "--deterministic=True",
+        "--seed=5",
+    ]
+    sa, ca = _train(train_dir, "gru_a", args, 3000)
+    sb, cb = _train(train_dir, "gru_b", args, 3000)
+    _same_run(sa, sb, ca, cb)
+
+
+def test_serial_mode_and_worker_processes_give_the_same_run(train_dir):
+    """The same components, stepped in one process or in worker processes: bit-identical results."""
+    args = [*CARTPOLE, "--seed=3"]
+    sa, ca = _train(train_dir, "procs", args, 4000)
+    sb, cb = _train(train_dir, "serial", [*args, "--serial_mode=True"], 4000)
+    assert sb["serial_mode"] is True
+    _same_run(sa, sb, ca, cb)
+
+
+@pytest.mark.parametrize(
+    "flag, named",
+    [("--async_rl=True", "--async_rl"), ("--learner_threads=0", "--learner_threads")],
+)
+def test_deterministic_refuses_a_flag_that_contradicts_it(train_dir, flag, named):
+    r = run_msf([*CARTPOLE, "--experiment=bad", f"--train_dir={train_dir}", flag], timeout=60)
+    assert r.returncode == 2
+    (line,) = [x for x in r.stderr.splitlines() if x.startswith("msf-train: error:")]
+    assert line.startswith(f"msf-train: error: {named}: ") and "--deterministic=True" in line
+    assert not (train_dir / "bad").exists()
+
+
+def test_an_env_that_ignores_its_seed_is_named_in_a_warning(train_dir):
+    r = run_msf(
+        [
+            *[a for a in CARTPOLE if not a.startswith("--env=")],
+            "--env=msf_test_envs:MsfUnseededCartPole-v0",
+            "--experiment=unseeded",
+            f"--train_dir={train_dir}",
+            "--train_for_env_steps=500",
+        ],
+        timeout=120 + SLACK_S,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    warnings = [x for x in r.stderr.splitlines() if x.startswith("msf-train: warning: --deterministic:")]
+    assert len(warnings) == 1 and "MsfUnseededCartPole-v0" in warnings[0]
+    r = run_msf([*CARTPOLE, "--experiment=seeded", f"--train_dir={train_dir}", "--train_for_env_steps=500"], 120)
+    assert r.returncode == 0 and "msf-train: warning: --deterministic:" not in r.stderr
+
+
+def test_two_groups_at_half_the_batch_train_what_one_group_trains(train_dir):
+    """The same 16 envs (4 workers x 4) as one device group at batch 512 or two at 256: the same seeds, actions
+    and batches, so after 19 iterations every tensor agrees up to the float rounding of the all-reduce (1e-5 of
+    its largest entry); the observation normaliser, fed the same observations, exactly."""
+    common = [*CARTPOLE[:1], "--num_workers=4", "--num_envs_per_worker=4", "--rollout=32", "--deterministic=True"]
+    s1, c1 = _train(train_dir, "one", [*common, "--seed=4", "--batch_size=512"], 10240)
+    s2, c2 = _train(train_dir, "two", [*common, "--seed=4", "--batch_size=256", "--nproc_per_node=2"], 10240)
+    assert s2["world_size"] == 2 and (s1["env_steps"], s1["train_steps"]) == (s2["env_steps"], s2["train_steps"])
+    for k, a in c1["model"].items():
+        b = c2["model"][k]
+        if k.startswith("obs_normalizer"):
+            assert torch.equal(a, b), k
+        else:
+            scale = float(a.double().abs().max()) or 1.0
+            assert float((a.double() - b.double()).abs().max()) <= 1e-5 * scale, k
