@@ -118,3 +118,26 @@ def test_serial_mode_reaches_450_on_cartpole_within_300k_steps(train_dir):
     s = read_summary(train_dir, "serial_cartpole")
     assert s["status"] == "done" and s["serial_mode"] is True
     assert s["episode_return_mean"] >= 450, s
+
+
+def test_a_failing_env_in_serial_mode_ends_the_run_with_its_traceback(train_dir):
+    """An env that raises 2 s in: exit 1, status failed, and the log holds the env's own frame (the serial mode is
+    for debugging: the failure happened in this process)."""
+    env = msf_env()
+    env["MSF_TEST_FAIL_AFTER_S"] = "2"
+    r = run_msf(
+        [
+            *SHORT[1:],
+            "--env=msf_test_envs:MsfFailingCartPole-v0",
+            "--experiment=serial_fail",
+            f"--train_dir={train_dir}",
+            "--serial_mode=True",
+            "--train_for_env_steps=10000000",
+        ],
+        timeout=120 + SLACK_S,
+        env=env,
+    )
+    assert r.returncode == 1
+    assert read_summary(train_dir, "serial_fail")["status"] == "failed"
+    log = (train_dir / "serial_fail" / "log.txt").read_text()
+    assert "Traceback" in log and "in step" in log and "msf_test_envs.py" in log

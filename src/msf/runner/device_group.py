@@ -426,7 +426,8 @@ def _run_loop(
         if loop.iteration > 0:  # a stop before the first training step leaves the checkpoints as they were
             loop.save(wait=True)
     except Exception as e:  # noqa: BLE001 - any failure ends the run with status "failed"
-        log.error("run failed: %s", e)
+        # serial mode: the failure is this process's own (an env's, the policy's): its traceback is the point
+        log.error("run failed: %s", e, exc_info=ch.sampler is not None)
         status, error = "failed", e
     finally:
         try:
