@@ -51,7 +51,7 @@ def _joins(train_dir, name: str) -> dict[int, tuple[float, float]]:
     return {int(r): (float(a), float(b)) for r, a, b in JOIN.findall(text)}
 
 
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", [2, pytest.param(3, marks=pytest.mark.slow)])
 def test_all_replicas_enter_before_any_leaves(train_dir, n):
     r = _run(train_dir, f"start{n}", n, [])
     assert r.returncode == 0, r.stderr[-3000:]

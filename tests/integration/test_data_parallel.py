@@ -12,6 +12,7 @@ import torch
 from .conftest import SLACK_S, SMALL_ENV_FLAGS, popen_msf, read_summary, run_msf, wait_until_training
 
 
+@pytest.mark.slow  # default-suite time (30 min on 2 cores); the slow suite runs it
 def test_two_replicas_reach_450_with_half_the_batch(train_dir):
     """N=2 with batch_size=256 per replica (the global batch of N=1 with 512) within the same 300k steps."""
     flags = [f for f in SMALL_ENV_FLAGS if not f.startswith("--batch_size")] + ["--batch_size=256"]

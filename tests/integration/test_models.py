@@ -20,6 +20,7 @@ MEMORY = [
 ]
 
 
+@pytest.mark.slow  # default-suite time; the GRU's maths and its determinism stay in the default suite
 @pytest.mark.parametrize("rnn", [["--use_rnn=True", "--rnn_size=32"], []], ids=["gru", "feed_forward"])
 def test_memory_task_needs_the_recurrent_core(train_dir, rnn):
     """The cue is shown once, 8 blank steps pass, then the agent must name it: with a GRU at least 95% right
@@ -135,7 +136,7 @@ def test_dict_observations_and_action_masks(train_dir):
     assert read_summary(train_dir, "dm")["episode_return_mean"] >= 18  # and the cue is read: 20 at best
 
 
-@pytest.mark.parametrize("env", ["MsfMultiDiscrete-v0", "MsfTupleActions-v0"])
+@pytest.mark.parametrize("env", ["MsfMultiDiscrete-v0", pytest.param("MsfTupleActions-v0", marks=pytest.mark.slow)])
 def test_multi_discrete_and_tuple_actions(train_dir, env):
     from msf.envs.registry import env_spaces
 

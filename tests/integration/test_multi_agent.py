@@ -83,6 +83,7 @@ def _play(model, episodes: int, trained: bool) -> float:
     return total / episodes
 
 
+@pytest.mark.slow  # default-suite time (30 min on 2 cores); the slow suite runs it
 def test_self_play_learns_to_beat_a_random_player(train_dir):
     from msf.model.actor_critic import ActorCritic
     from msf.persistence.checkpoint import load_latest_checkpoint

@@ -94,6 +94,7 @@ def test_bad_node_flags_one_line_exit_2(tmp_path, args, expected):
     assert len(lines) == 1 and lines[0].startswith(f"msf-train: error: {expected}"), r.stderr
 
 
+@pytest.mark.slow  # default-suite time (30 min on 2 cores); the slow suite runs it
 def test_max_restarts_resumes_after_a_failure_and_the_curves_continue(train_dir, tmp_path):
     marker = tmp_path / "failed_once"
     r = run_msf(

@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from msf.cfg.config import Config
@@ -34,6 +35,7 @@ def _latest(exp, p: int) -> dict:
     return torch.load(sorted((exp / f"checkpoint_p{p}").glob("checkpoint_*.pth"))[-1], weights_only=True)
 
 
+@pytest.mark.slow  # default-suite time (30 min on 2 cores); the slow suite runs it
 def test_two_policies_on_two_device_groups_with_a_pbt_exchange(train_dir):
     args = [
         *SMALL,
@@ -143,6 +145,7 @@ def test_a_replica_without_experience_for_a_policy_neither_hangs_nor_desynchroni
         assert ps["train_steps"] > 0
 
 
+@pytest.mark.slow  # default-suite time (30 min on 2 cores); the slow suite runs it
 def test_self_play_with_two_mixed_policies_learns(train_dir):
     r = run_msf(
         [

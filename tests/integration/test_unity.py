@@ -40,6 +40,7 @@ def test_the_wrapper_maps_teams_agents_and_their_own_episode_ends():
     assert fake.closed
 
 
+@pytest.mark.slow  # default-suite time (30 min on 2 cores); the slow suite runs it
 def test_two_teams_train_end_to_end_with_dict_observations(train_dir):
     r = run_msf(
         [
