@@ -109,11 +109,10 @@ class RolloutWorker:
         self.row_policy = np.zeros(self.E, dtype=np.int64)
         self.episode_ended = np.zeros(self.E, dtype=bool)  # since the row's trajectory started
         self.waiting = np.zeros(cfg.worker_num_splits, dtype=np.int64)  # replies still due per split
-        # --async_rl=False: each split writes `sync` trajectories per row, then is parked (asks for no actions)
-        # until the learner has trained on them and returns their slots (synchronous PPO: policy lag 0)
+        # --async_rl=False: each split writes `sync` trajectories per row (its quota), then is parked (its quota
+        # at 0: it asks for no actions) until the learner has trained on them and returns their slots
         self.sync = derived.sync_rollouts
         self.quota = np.full(cfg.worker_num_splits, self.sync, dtype=np.int64)
-        self.parked = np.zeros(cfg.worker_num_splits, dtype=bool)
 
     def _env_made(self, stage: str) -> None:
         """After each env is made (``stage`` "made") and after its first reset ("started": a ViZDoom engine
@@ -162,14 +161,13 @@ class RolloutWorker:
     def all_parked(self) -> bool:
         """``--async_rl=False``: every split has written its trajectories of this iteration and waits for the
         learner (:meth:`resume`)."""
-        return bool(self.sync) and bool(self.parked.all())
+        return bool(self.sync) and not self.quota.any()
 
     def resume(self) -> bool:
         """``--async_rl=False``: once the learner has returned the slots of this iteration's trajectories (it
         trained on them), every parked split asks for actions again, with the weights it published since.
         True when some split was parked."""
-        parked = np.nonzero(self.parked)[0].tolist()
-        self.parked[:] = False
+        parked = np.nonzero(self.quota == 0)[0].tolist() if self.sync else []
         self.quota[:] = self.sync
         for split in parked:
             self.request(split)
@@ -226,7 +224,7 @@ class RolloutWorker:
         if self.waiting[split]:
             return False
         self.step_split(split)
-        if not self.parked[split]:
+        if not (self.sync and self.quota[split] == 0):  # a parked split waits for resume()
             self.request(split)
         return True
 
@@ -240,7 +238,7 @@ class RolloutWorker:
         and moves to ``(new slot, 0)``, where it starts with the bootstrap row ``obs[slot, T]`` and the core
         state ``rnn_states[slot, T]`` (zeros if the row's policy changed). Finished episodes are kept for
         :meth:`report_stats`. With ``--async_rl=False``, a split whose rows have written their
-        ``sync_rollouts`` trajectories of this iteration is parked (:attr:`parked`): :meth:`on_reply` asks for
+        ``sync_rollouts`` trajectories of this iteration is parked (its ``quota`` is 0): :meth:`on_reply` asks for
         no actions for it until :meth:`resume`.
 
         Raises:
@@ -296,7 +294,6 @@ class RolloutWorker:
                 slots[i], ts[i] = new, 0
             if self.sync:  # the split's rows started together, so they reach the boundary together
                 self.quota[split] -= 1
-                self.parked[split] = self.quota[split] == 0
         cur[:, 0], cur[:, 1] = slots, ts
 
     def request(self, split: int) -> None:

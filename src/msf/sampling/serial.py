@@ -20,6 +20,7 @@ from typing import Any, Sequence
 
 from msf.cfg.config import Config, Derived
 from msf.envs.registry import EnvSpaces
+from msf.envs.vector import close_all
 from msf.sampling.inference_worker import InferenceWorker
 from msf.sampling.messages import InferenceCounters, RolloutCounters
 from msf.sampling.protocol import InferenceWorkerSpec, RolloutWorkerSpec
@@ -159,11 +160,4 @@ class SerialSampler:
 
     def close(self) -> None:
         """Close every rollout worker's envs (the first failure is raised after all were tried)."""
-        first: BaseException | None = None
-        for w in self.rollout:
-            try:
-                w.close()
-            except Exception as e:  # noqa: BLE001 - close the others first
-                first = first or e
-        if first is not None:
-            raise first
+        close_all(w.close for w in self.rollout)
