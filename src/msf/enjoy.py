@@ -29,7 +29,7 @@ import torch
 
 from msf.cfg.arguments import SCOPE_NOTES, build_parser, integer, str2bool
 from msf.cfg.config import FIXED_FLAGS, Config
-from msf.cfg.flags import FIXED
+from msf.cfg.flags import FIXED, IGNORED
 from msf.cfg.validation import ConfigError, Problems
 
 DESCRIPTION = """Evaluate the policy of TRAIN_DIR/EXPERIMENT: load its latest (or best) checkpoint and its saved
@@ -87,6 +87,8 @@ def build_enjoy_parser() -> argparse.ArgumentParser:
         type=str2bool,
         default=False,
         metavar="True|False",
+        nargs="?",
+        const=True,
         help="Take the most likely action (the mean of a Gaussian) instead of sampling",
     )
     g.add_argument(
@@ -94,6 +96,8 @@ def build_enjoy_parser() -> argparse.ArgumentParser:
         type=str2bool,
         default=False,
         metavar="True|False",
+        nargs="?",
+        const=True,
         help="Write the episodes to an mp4 (rendered off-screen, no display needed)",
     )
     g.add_argument("--video_frames", type=integer, default=10**9, help="Frames written to the video at most")
@@ -118,6 +122,17 @@ def build_enjoy_parser() -> argparse.ArgumentParser:
         help="Frames per second of the video and of the window (0: real time, one frame per env step: the env's "
         "render_fps, or 30 without one; atari_* 15 and doom_* 8.75, their 60 and 35 frames/s over 4 frames per step)",
     )
+    g.add_argument(
+        "--push_to_hub",
+        type=str2bool,
+        default=False,
+        metavar="True|False",
+        nargs="?",
+        const=True,
+        help="Sample Factory's upload of the experiment to the Hugging Face hub: refused (msf has no hub upload)",
+    )
+    for name in ("hf_repository", "train_script", "enjoy_script"):
+        g.add_argument(f"--{name}", default=None, help=f"Accepted from Sample Factory and ignored: {IGNORED[name]}")
     return parser
 
 
@@ -125,10 +140,12 @@ def _load_config(cfg: Config, given: set[str]) -> Config:
     """The experiment's saved config with the flags in ``given`` on top.
 
     Raises:
-        ConfigError: no such experiment folder, or an unreadable config.
+        ConfigError: no such experiment folder, an unreadable config, or a Sample Factory one msf cannot map.
     """
+    from msf.persistence.sf2_checkpoint import Sf2Refused, config_file, msf_config_dict
+
     exp_dir = os.path.join(cfg.train_dir, cfg.experiment)
-    path = os.path.join(exp_dir, "config.json")
+    path = config_file(exp_dir)  # config.json, or msf's own beside a Sample Factory one
     if not os.path.isdir(exp_dir):
         raise ConfigError(
             f"--experiment: no experiment {cfg.experiment!r} in --train_dir={cfg.train_dir!r} (no folder {exp_dir})"
@@ -137,7 +154,9 @@ def _load_config(cfg: Config, given: set[str]) -> Config:
         return cfg
     try:
         with open(path) as f:
-            saved = Config.from_dict(json.load(f)).to_dict()
+            saved = Config.from_dict(msf_config_dict(json.load(f), path, Config)).to_dict()
+    except Sf2Refused as e:  # a Sample Factory config msf cannot map
+        raise ConfigError(str(e)) from None
     except (OSError, ValueError, TypeError) as e:
         raise ConfigError(f"--experiment: the saved config {path} is unreadable ({e})") from None
     current = cfg.to_dict()
@@ -179,25 +198,32 @@ def evaluate(cfg: Config, ev: EvalArgs) -> dict:
 
     Raises:
         ConfigError: the policy index is out of range, the experiment has no (readable) checkpoint of the
-            kind asked for, or the env cannot render the video asked for.
+            kind asked for, a Sample Factory checkpoint cannot be converted, or the env cannot render the video
+            asked for.
         RuntimeError: the checkpoint does not fit the model (torch's message).
     """
     from msf.envs.families import video_fps
     from msf.envs.registry import spaces_of
     from msf.model.actor_critic import ActorCritic
+    from msf.persistence.sf2_checkpoint import Sf2Refused, as_msf_checkpoint
 
     exp_dir = os.path.join(cfg.train_dir, cfg.experiment)
+    skip, repeat = eval_frameskip(cfg)
     state = _load_checkpoint(cfg, ev, exp_dir)
     render = _render_mode(ev, cfg.env)
     seed = cfg.seed if cfg.seed is not None else 0
-    env = _make_eval_env(cfg, seed, render)
+    env = _make_eval_env(cfg, seed, render, frameskip=skip)
     video = None
     t0 = time.monotonic()
     try:
         model = ActorCritic(cfg, spaces_of(env))
+        try:  # a Sample Factory 2.1.1 checkpoint is converted for this model
+            state = as_msf_checkpoint(state, model)
+        except Sf2Refused as e:
+            raise ConfigError(str(e)) from None
         model.load_state_dict(state["model"])
         model.eval()
-        fps = ev.fps or video_fps(cfg.env, env)  # one frame per env step, played in real time
+        fps = ev.fps or video_fps(cfg.env, env, skip)  # one frame per env step, played in real time
         print(
             f"msf-enjoy: {cfg.env} | {state['path']} (env steps {state['env_steps']}, policy version "
             f"{state['policy_version']}) | {'deterministic' if ev.eval_deterministic else 'sampled'} actions"
@@ -205,7 +231,7 @@ def evaluate(cfg: Config, ev: EvalArgs) -> dict:
         if ev.save_video:
             path = ev.video_name or "replay.mp4"
             video = _Video(path if os.path.dirname(path) else os.path.join(exp_dir, path), fps, ev.video_frames)
-        episodes, frames = _play(cfg, ev, env, model, seed, render, video)
+        episodes, frames = _play(cfg, ev, env, model, seed, render, video, skip, repeat)
     finally:
         if video is not None:
             video.close()
@@ -233,8 +259,11 @@ def evaluate(cfg: Config, ev: EvalArgs) -> dict:
     }
 
 
-def _load_checkpoint(cfg: Config, ev: EvalArgs, exp_dir: str) -> dict:
-    """The checkpoint of ``--policy_index`` of ``--load_checkpoint_kind``.
+def _load_checkpoint(
+    cfg: Config, ev: EvalArgs, exp_dir: str, prog: str = "msf-enjoy", kind_flag: str = "load_checkpoint_kind"
+) -> dict:
+    """The checkpoint of ``--policy_index`` of ``--load_checkpoint_kind``. ``prog`` and ``kind_flag``: the command
+    (in the warnings) and the flag (in the error) to name, for the commands that reuse this (``msf-export``).
 
     Raises:
         ConfigError: the index is out of range, or there is no readable checkpoint of that kind.
@@ -251,12 +280,12 @@ def _load_checkpoint(cfg: Config, ev: EvalArgs, exp_dir: str) -> dict:
     unreadable = "".join(f"; {path} is unreadable ({reason})" for path, reason in scan.unreadable)
     if scan.state is None:
         raise ConfigError(
-            f"--load_checkpoint_kind: no readable {ev.load_checkpoint_kind} checkpoint in "
+            f"--{kind_flag}: no readable {ev.load_checkpoint_kind} checkpoint in "
             f"{os.path.join(exp_dir, f'checkpoint_p{ev.policy_index}')}{unreadable}"
         )
     for path, reason in scan.unreadable:
         print(
-            f"msf-enjoy: warning: checkpoint {path} is unreadable ({reason}); playing the previous one, "
+            f"{prog}: warning: checkpoint {path} is unreadable ({reason}); using the previous one, "
             f"{scan.state['path']} (the file is left as it is)",
             file=sys.stderr,
         )
@@ -280,8 +309,29 @@ def _render_mode(ev: EvalArgs, env_name: str) -> str | None:
     return None
 
 
-def _make_eval_env(cfg: Config, seed: int, render: str | None):
-    """The training env without its training-only wrappers; with ``render``, rendered once to check it can.
+def eval_frameskip(cfg: Config) -> tuple[int, int]:
+    """``(frames per env step, steps per action)`` of the evaluation env: with ``--eval_env_frameskip=e`` for an
+    env whose maker skips frames (atari_*, doom_*: 4), the env steps ``e`` frames and each action is repeated
+    ``4 / e`` times, so that the policy acts as often as in training and a video shows every frame (Sample
+    Factory's evaluation rule); otherwise ``(cfg.env_frameskip, 1)``.
+
+    Raises:
+        ConfigError: ``e`` does not divide the training frameskip.
+    """
+    from msf.envs.families import FRAMESKIP, family_of
+
+    trained = FRAMESKIP.get(family_of(cfg.env) or "")
+    e = cfg.eval_env_frameskip
+    if e is None or trained is None or e == trained:
+        return cfg.env_frameskip, 1
+    if trained % e:
+        raise ConfigError(f"--eval_env_frameskip: must divide the training frameskip {trained} of {cfg.env}, got {e}")
+    return e, trained // e
+
+
+def _make_eval_env(cfg: Config, seed: int, render: str | None, frameskip: int | None = None):
+    """The training env without its training-only wrappers (``frameskip`` frames per step, see
+    :func:`eval_frameskip`); with ``render``, rendered once to check it can.
 
     Raises:
         ConfigError: the env cannot render here.
@@ -291,7 +341,8 @@ def _make_eval_env(cfg: Config, seed: int, render: str | None):
     from msf.envs.offscreen import is_gl_failure
     from msf.envs.registry import env_config_of, make_env
 
-    env = make_env(cfg.env, env_config_of(cfg, seed=seed, evaluation=True), render_mode=render)
+    extra = {"frameskip": frameskip} if frameskip is not None and frameskip != cfg.env_frameskip else {}
+    env = make_env(cfg.env, env_config_of(cfg, seed=seed, evaluation=True, **extra), render_mode=render)
     if render is not None:
         try:
             env.reset(seed=seed)
@@ -333,7 +384,7 @@ def _env_action(env, model):
     import gymnasium as gym
 
     tuple_actions = isinstance(env.action_space, gym.spaces.Tuple)
-    scalar_actions = model.log_std is None and model.nvec is None
+    scalar_actions = not model.continuous and model.nvec is None
 
     def env_action(a: np.ndarray):
         if tuple_actions:
@@ -343,8 +394,19 @@ def _env_action(env, model):
     return env_action
 
 
-def _play(cfg: Config, ev: EvalArgs, env, model, seed: int, render: str | None, video: _Video | None):
-    """Play until ``--max_num_episodes`` episodes ended or ``--max_num_frames`` frames passed.
+def _play(
+    cfg: Config,
+    ev: EvalArgs,
+    env,
+    model,
+    seed: int,
+    render: str | None,
+    video: _Video | None,
+    frameskip: int | None = None,
+    repeat: int = 1,
+):
+    """Play until ``--max_num_episodes`` episodes ended or ``--max_num_frames`` frames passed; each action is
+    taken ``repeat`` times, of ``frameskip`` frames each (:func:`eval_frameskip`).
 
     Returns:
         ``(episodes, frames)``: per finished episode ``{"return", "length"}`` (and ``"agent_returns"`` with
@@ -366,13 +428,19 @@ def _play(cfg: Config, ev: EvalArgs, env, model, seed: int, render: str | None, 
         # a multi-agent env: the policy plays every agent (self-play)
         batch = np.asarray(obs)[None] if A == 1 else np.stack(obs)
         actions, core_state = _policy_actions(model, batch, ev.eval_deterministic, bounds, core_state)
-        obs, r, term, trunc, _ = env.step(env_action(actions[0]) if A == 1 else [env_action(a) for a in actions])
-        ret += np.asarray(r, dtype=np.float64).reshape(A)
+        for k in range(repeat):
+            obs, r, term, trunc, _ = env.step(env_action(actions[0]) if A == 1 else [env_action(a) for a in actions])
+            ret += np.asarray(r, dtype=np.float64).reshape(A)
+            frames += frameskip or cfg.env_frameskip
+            if render == "human" and ev.fps:
+                time.sleep(1.0 / ev.fps)
+            ended = np.all(np.asarray(term) | np.asarray(trunc))
+            if ended or k == repeat - 1:
+                break
+            if video is not None:  # the frames between two actions (--eval_env_frameskip)
+                video.record(env)
         length += 1
-        frames += cfg.env_frameskip
-        if render == "human" and ev.fps:
-            time.sleep(1.0 / ev.fps)
-        if np.all(np.asarray(term) | np.asarray(trunc)):
+        if ended:
             episode = {"return": float(ret.mean()), "length": length}
             if A > 1:
                 episode["agent_returns"] = ret.tolist()  # "return" is their mean
@@ -386,19 +454,34 @@ def _play(cfg: Config, ev: EvalArgs, env, model, seed: int, render: str | None, 
     return episodes, frames
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Parse, load, play, report; return the exit code."""
+def main(argv: list[str] | None = None, parsed: tuple[dict, set[str]] | None = None) -> int:
+    """Parse, load, play, report; return the exit code. ``parsed``: the values of every flag of
+    :func:`build_enjoy_parser` (and ``env_args``) and the names of those given explicitly, instead of ``argv``
+    (:func:`msf.sf2.enjoy`)."""
     from msf.cfg.arguments import given_flags
     from msf.persistence.summaries import write_json_atomic
 
-    parser = build_enjoy_parser()
-    argv = sys.argv[1:] if argv is None else argv
-    ns = vars(parser.parse_args(argv))
+    if parsed is None:
+        argv = sys.argv[1:] if argv is None else argv
+        ns = vars(build_enjoy_parser().parse_args(argv))
+        given = given_flags(argv, ns)
+    else:
+        ns, given = dict(parsed[0]), set(parsed[1])
     ev = EvalArgs(**{f.name: ns.pop(f.name) for f in dataclasses.fields(EvalArgs)})
+    if ns.pop("push_to_hub"):
+        print(
+            "msf-enjoy: error: --push_to_hub: msf does not upload to the Hugging Face hub (these machines cannot reach "
+            "it, and no upload is tested); copy the experiment folder and use huggingface-cli upload",
+            file=sys.stderr,
+        )
+        return 2
+    for name in ("hf_repository", "train_script", "enjoy_script"):
+        if ns.pop(name) is not None:
+            print(f"msf-enjoy: note: --{name} is accepted from Sample Factory and ignored: {IGNORED[name]}")
     cfg = Config(**ns)
     try:
         validate_eval_args(ev)
-        cfg = _load_config(cfg, given_flags(argv, ns))
+        cfg = _load_config(cfg, given)
         result = evaluate(cfg, ev)
     except ConfigError as e:
         for line in e.problems:

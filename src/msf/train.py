@@ -14,7 +14,13 @@ from typing import TYPE_CHECKING
 
 from msf.cfg.arguments import parse_args
 from msf.cfg.config import Config
-from msf.cfg.validation import ConfigError, check_sync, resolve_deterministic, validate
+from msf.cfg.validation import (
+    ConfigError,
+    check_sync,
+    resolve_deterministic,
+    resolve_sample_factory_flags,
+    validate,
+)
 
 if TYPE_CHECKING:  # imported in the functions: --help and invalid flags answer before torch loads
     from msf.distributed.nodes import NodePlan
@@ -131,8 +137,9 @@ def check_shared_memory(cfg: Config, spaces: EnvSpaces, model) -> None:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Parse, validate and resolve (before any process is spawned), train; return the exit code."""
+def main(argv: list[str] | None = None, parsed: tuple[Config, set[str]] | None = None) -> int:
+    """Parse, validate and resolve (before any process is spawned), train; return the exit code. ``parsed``: a
+    config and the names of its flags given explicitly, instead of ``argv`` (:func:`msf.sf2.run_rl`)."""
     import signal
 
     from msf import INTERRUPTED_BEFORE_TRAINING, end_as_interrupted
@@ -142,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     # imports before this line. Once a device group runs, its own handler takes over (a clean stop).
     old = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        code = _main(argv)
+        code = _main(argv) if parsed is None else run(*parsed)
     except KeyboardInterrupt:
         # ignored from here to the exit: a second Ctrl-C (or the one a terminal sends to the whole group while
         # this process forwards its own) would otherwise break the one line below, or come as a traceback out of
@@ -158,6 +165,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     cfg, given = parse_args(argv, description=DESCRIPTION)
+    return run(cfg, given)
+
+
+def run(cfg: Config, given: set[str]) -> int:
+    """Train with flags already parsed (``given``: the names of those given explicitly), as ``msf-train`` does
+    after parsing its command line (:mod:`msf.sf2`'s ``run_rl`` comes here); return the exit code."""
     try:
         cfg, spaces, plan, changes = prepare(cfg, given)
         from msf.runner.experiment import check_checkpoints
@@ -171,7 +184,7 @@ def _main(argv: list[str] | None) -> int:
         for line in e.problems:
             print(f"msf-train: error: {line}", file=sys.stderr)
         return 2
-    warnings = start_warnings(cfg, plan, changes)
+    warnings = start_warnings(cfg, plan, changes) + ignored_flag_notes(given, plan)
     for line in warnings:
         print(line, file=sys.stderr)
     from msf.persistence.summaries import LOG_FILE_ONLY, setup_logging
@@ -181,7 +194,11 @@ def _main(argv: list[str] | None) -> int:
         exp_dir = prepare_experiment_dir(cfg)
     else:
         exp_dir = wait_for_experiment_dir(cfg)  # the node's local rank 0 prepares it
-    setup_logging(exp_dir, rank=plan.rank)
+    setup_logging(exp_dir, rank=plan.rank, to_file=cfg.log_to_file)
+    if cfg.use_env_info_cache and prepares_dir:
+        from msf.envs.registry import save_env_info
+
+        save_env_info(exp_dir, cfg.env, spaces)  # the next start reads the spaces from here
     for line in warnings:  # printed above; the log keeps them too
         logging.getLogger("msf").warning("%s", line.removeprefix("msf-train: warning: "), extra=LOG_FILE_ONLY)
     if changes:
@@ -210,11 +227,11 @@ def prepare(cfg: Config, given: set[str]) -> tuple[Config, EnvSpaces, NodePlan, 
     """
     from msf.distributed.nodes import discover
     from msf.envs.families import apply_family_defaults
-    from msf.envs.registry import env_config_of, env_spaces
+    from msf.envs.registry import env_config_of, env_spaces, load_env_info
     from msf.runner.experiment import resume_config
     from msf.runner.launch import resolve
 
-    cfg = resolve_deterministic(apply_family_defaults(cfg, given), given)
+    cfg = resolve_deterministic(resolve_sample_factory_flags(apply_family_defaults(cfg, given), given), given)
     validate(cfg)
     plan = discover(cfg, given)
     if plan.launcher != "local" and cfg.max_restarts > 0:
@@ -226,7 +243,8 @@ def prepare(cfg: Config, given: set[str]) -> tuple[Config, EnvSpaces, NodePlan, 
     if changes:
         validate(cfg)
     cfg = resolve(cfg, given, plan)
-    spaces = env_spaces(cfg.env, env_config_of(cfg))
+    cached = load_env_info(os.path.join(cfg.train_dir, cfg.experiment), cfg.env) if cfg.use_env_info_cache else None
+    spaces = cached or env_spaces(cfg.env, env_config_of(cfg))
     check_sync(cfg, spaces.num_agents, cfg.nproc_per_node)
     if cfg.env_backend == "envpool":
         from msf.envs.vector import check_envpool
@@ -264,6 +282,21 @@ def start_warnings(cfg: Config, plan: NodePlan, changes: list[str]) -> list[str]
     return lines
 
 
+def ignored_flag_notes(given: set[str], plan: NodePlan) -> list[str]:
+    """One warning per Sample Factory flag given that has no effect in msf (:data:`msf.cfg.flags.IGNORED`, and
+    msf-enjoy's flags), on the node's first process only."""
+    from msf.cfg.arguments import EVALUATION_FLAGS
+    from msf.cfg.flags import IGNORED
+
+    if plan.node_rank != 0 or plan.local_rank:
+        return []
+    lines = []
+    for name in sorted(given & (set(IGNORED) | set(EVALUATION_FLAGS))):
+        why = IGNORED.get(name, "it is msf-enjoy's (evaluation), and this is training")
+        lines.append(f"msf-train: warning: --{name} is accepted from Sample Factory and has no effect here: {why}")
+    return lines
+
+
 def _launch(cfg: Config, spaces: EnvSpaces, plan: NodePlan, exp_dir: str) -> int | None:
     """Train; return the exit code of a failure (2: the nodes' flags do not fit together, 1: a device group
     failed), None when the run ended by itself."""
@@ -280,9 +313,15 @@ def _launch(cfg: Config, spaces: EnvSpaces, plan: NodePlan, exp_dir: str) -> int
 
         # the whole message (a rank's traceback) to log.txt; the terminal gets its first line, below
         logging.getLogger("msf").error("a device group failed: %s", e, extra=LOG_FILE_ONLY)
-        last = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        from msf.runner.device_group import failure_line
+
+        last = failure_line(e)
+        if not cfg.log_to_file:  # no log.txt to hold the whole message: the terminal gets it
+            print(str(e), file=sys.stderr)
         print(
-            f"msf-train: a device group failed: {last} (details in {os.path.join(exp_dir, 'log.txt')})", file=sys.stderr
+            f"msf-train: a device group failed: {last} "
+            f"({'details in ' + os.path.join(exp_dir, 'log.txt') if cfg.log_to_file else 'details above'})",
+            file=sys.stderr,
         )
         return 1
     return None

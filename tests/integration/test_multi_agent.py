@@ -46,7 +46,7 @@ def test_spaces_are_one_agents_and_count_the_agents():
 def test_gym_split_gives_each_agent_a_row_and_resets_when_all_are_done():
     from msf.envs.vector import GymSplit
 
-    split = GymSplit(Config(env=ENV), 0, [0, 1, 2], seed=0)
+    split = GymSplit(Config(env=ENV, decorrelate_envs_on_one_worker=False), 0, [0, 1, 2], seed=0)
     obs = split.reset()
     assert len(obs) == 6
     for i in range(3):  # env i's agents are rows 2i, 2i+1: each sees itself first and the other second

@@ -14,6 +14,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[2] / "src" / "msf"
 # a package may import those on floors below it (entry points at the top); the same floor: only as listed
 FLOORS = [
+    {"sf2", "export"},
     {"train", "enjoy", "plot"},
     {"runner"},
     {"sampling", "learning"},

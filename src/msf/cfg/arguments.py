@@ -50,11 +50,33 @@ class DefaultsOnceHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+def edit_distance(a: str, b: str) -> int:
+    """Levenshtein distance: the fewest single-character insertions, deletions and substitutions from ``a`` to
+    ``b`` (Wagner and Fischer 1974's dynamic programme)."""
+    prev = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        cur = [i]
+        for j, cb in enumerate(b, 1):
+            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
+        prev = cur
+    return prev[-1]
+
+
 class OneLineErrorParser(argparse.ArgumentParser):
-    """An argument parser whose errors are one line (``prog: error: ...``), exit code 2."""
+    """An argument parser whose errors are one line (``prog: error: ...``), exit code 2. An unknown flag one edit
+    away from a known one is named in the error (``--num_worker=2``: did you mean --num_workers?)."""
 
     def error(self, message: str) -> typing.NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        hints = []
+        if message.startswith("unrecognized arguments: "):
+            known = [s for a in self._actions for s in a.option_strings if s.startswith("--")]
+            for tok in message.removeprefix("unrecognized arguments: ").split():
+                name = tok.split("=", 1)[0]
+                close = [k for k in known if name.startswith("--") and edit_distance(name, k) == 1]
+                if close:
+                    hints.append(f"{name}: did you mean {' or '.join(close)}?")
+        hint = f" ({'; '.join(hints)})" if hints else ""
+        self.exit(2, f"{self.prog}: error: {message}{hint} (see --help)\n")
 
 
 def build_parser(
@@ -72,6 +94,8 @@ def build_parser(
     hints = typing.get_type_hints(Config)
     for f in dataclasses.fields(Config):
         meta = f.metadata
+        if meta.get("cli") is False:  # not a command-line flag (Config.env_args)
+            continue
         group = groups.setdefault(meta["group"], parser.add_argument_group(meta["group"]))
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         hint = hints[f.name]
@@ -79,13 +103,13 @@ def build_parser(
         kwargs: dict = {"default": default, "help": meta["help"] + (f" [{'; '.join(notes)}]" if notes else "")}
         if meta.get("choices"):
             kwargs["choices"] = meta["choices"]
-        if hint is bool:
-            kwargs.update(type=str2bool, metavar="True|False")
+        if hint is bool:  # --flag=True, --flag False, or --flag alone for True (a switch, as in Sample Factory)
+            kwargs.update(type=str2bool, metavar="True|False", nargs="?", const=True)
         elif hint is int:
             kwargs["type"] = integer
         elif hint == (int | None):
             kwargs["type"] = integer
-        elif hint is float:
+        elif hint is float or hint == (float | None):
             kwargs["type"] = float
         elif hint is list:
             kwargs.update(type=meta["item_type"], nargs="*")
@@ -94,17 +118,54 @@ def build_parser(
         else:
             kwargs["type"] = str
         group.add_argument(f"--{f.name}", **kwargs)
+    if prog == "msf-train":
+        add_evaluation_flags_ignored(parser)
     return parser
 
 
+# msf-enjoy's flags (Sample Factory's evaluation flags), which msf-train accepts and ignores: Sample Factory's
+# parser has them in every script, so command lines and launch scripts pass them to training too
+EVALUATION_FLAGS = {
+    "load_checkpoint_kind": str,
+    "policy_index": integer,
+    "max_num_episodes": integer,
+    "max_num_frames": integer,
+    "eval_deterministic": str2bool,
+    "save_video": str2bool,
+    "video_frames": integer,
+    "video_name": str,
+    "no_render": str2bool,
+    "fps": integer,
+    "push_to_hub": str2bool,
+    "train_script": str,
+    "enjoy_script": str,
+    "hf_repository": str,
+}
+
+
+def add_evaluation_flags_ignored(parser: argparse.ArgumentParser) -> None:
+    """The msf-enjoy flags of :data:`EVALUATION_FLAGS` in a group of their own, parsed (a value of the wrong type
+    is still an error) and left out of the config (:func:`parse_args` drops them and says so)."""
+    g = parser.add_argument_group(
+        "evaluation flags (msf-enjoy's; accepted and ignored by msf-train, as Sample Factory's scripts share them)"
+    )
+    for name, kind in EVALUATION_FLAGS.items():
+        kwargs: dict = {"type": kind, "default": argparse.SUPPRESS, "help": "see msf-enjoy --help"}
+        if kind is str2bool:
+            kwargs.update(nargs="?", const=True, metavar="True|False")
+        g.add_argument(f"--{name}", **kwargs)
+
+
 def parse_args(argv: list[str] | None = None, description: str | None = None) -> tuple[Config, set[str]]:
-    """Parse ``argv`` into a :class:`Config`; also return the names of the flags given explicitly."""
+    """Parse ``argv`` into a :class:`Config`; also return the names of the flags given explicitly (the evaluation
+    flags of :data:`EVALUATION_FLAGS` among them, though the config leaves them out)."""
     import sys
 
     parser = build_parser(description=description)
     argv = sys.argv[1:] if argv is None else argv
-    ns = parser.parse_args(argv)
-    return Config(**vars(ns)), given_flags(argv, vars(ns))
+    values = vars(parser.parse_args(argv))
+    evaluation = {k: values.pop(k) for k in list(values) if k in EVALUATION_FLAGS}
+    return Config(**values), given_flags(argv, [*values, *evaluation])
 
 
 def given_flags(argv: list[str], names) -> set[str]:

@@ -18,6 +18,7 @@ from msf.cfg.flags import (
     LAUNCH,
     PER_NODE,
     BasicFlags,
+    CompatFlags,
     DistributedFlags,
     LearningFlags,
     ModelFlags,
@@ -30,9 +31,10 @@ from msf.cfg.flags import (
 
 # A dataclass takes the fields of its bases in reverse order of the bases: listed last to first here,
 # the flags (and --help, and config.json) run basic, sampling, learning, model, distributed, policies,
-# stopping, persistence.
+# stopping, persistence, and last the Sample Factory flags that change nothing.
 @dataclass
 class Config(
+    CompatFlags,
     PersistenceFlags,
     StoppingFlags,
     PolicyFlags,
@@ -43,16 +45,55 @@ class Config(
     BasicFlags,
 ):
     """All flags of ``msf-train``, read flat (``cfg.batch_size``). Names, meanings and defaults follow
-    Sample Factory 2; each is documented in :mod:`msf.cfg.flags` and in ``msf-train --help``."""
+    Sample Factory 2; each is documented in :mod:`msf.cfg.flags` and in ``msf-train --help``.
+
+    ``env_args``: the values of flags that a launch script added to the parser (Sample Factory's
+    ``add_extra_params_func``, see :mod:`msf.sf2`), read as attributes too (``cfg.custom_env_episode_len``), so
+    that an env maker written for Sample Factory finds them; saved in ``config.json`` and taken from each launch.
+    """
+
+    env_args: dict = dataclasses.field(
+        default_factory=dict,
+        metadata={
+            "help": "",
+            "group": None,
+            "choices": None,
+            "item_type": str,
+            "scope": frozenset({LAUNCH}),
+            "cli": False,
+        },
+    )
+
+    def __getattr__(self, name: str):
+        # only for names that are not fields: a launch script's own flags (env_args)
+        extra = self.__dict__.get("env_args")
+        if extra is not None and name in extra:
+            return extra[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> "Config":
-        """A config from a saved ``config.json``; keys that are not flags are left out."""
+        """A config from a saved ``config.json``; keys that are not flags are left out. A flag that shapes the
+        model but that the file predates gets the value msf used before the flag existed (:data:`BEFORE_FLAG`),
+        so that an older experiment's checkpoints still fit its config."""
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        values = {k: v for k, v in d.items() if k in names}
+        for name, value in BEFORE_FLAG.items():
+            if name not in d and name in names:
+                values[name] = value
+        return cls(**values)
+
+
+# What msf did before these flags existed (all of them shape the model or its input)
+BEFORE_FLAG = {
+    "adaptive_stddev": False,  # a state-independent log-std
+    "obs_scale": None,
+    "obs_subtract_mean": 0.0,
+    "decoder_mlp_layers": [],
+}
 
 
 def flags_in_scope(scope: str) -> frozenset[str]:

@@ -31,6 +31,7 @@ STOPPING = "stopping"
 PERSISTENCE = "checkpoints and summaries"
 DISTRIBUTED = "distributed (data-parallel learners)"
 POLICIES = "several policies and population-based training"
+COMPAT = "accepted from Sample Factory 2, no effect in msf"
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,11 @@ def section(group: str) -> Callable[[type], type]:
 
 @section(BASIC)
 class BasicFlags:
+    algo: str = flag(
+        "APPO",
+        "Algorithm (Sample Factory's flag): APPO, asynchronous PPO, the one algorithm of Sample Factory 2 and msf",
+        ("APPO",),
+    )
     env: str = flag(
         "CartPole-v1",
         "Environment: a gymnasium id (also 'module:Id'), or a name given to register_env",
@@ -207,6 +213,46 @@ class SamplingFlags:
     summaries_use_frameskip: bool = flag(
         True, "Count env frames (steps x frameskip) in the step budget, the curves' x-axis and FPS"
     )
+    env_framestack: int | None = flag(
+        None,
+        "atari_*: observations stack this many of the last frames (default: 4, as Sample Factory's Atari launcher "
+        "sets it; other envs stack nothing)",
+        scope=(FIXED,),
+    )
+    eval_env_frameskip: int | None = flag(
+        None,
+        "msf-enjoy: frames per env step while evaluating (default: env_frameskip); a divisor of env_frameskip: "
+        "each action is then repeated env_frameskip / eval_env_frameskip steps, so that the policy sees what it was "
+        "trained on and a video shows every frame (doom_*: 1)",
+    )
+    batched_sampling: bool = flag(
+        False,
+        "Step each split of a rollout worker's envs as one vectorised env that returns whole arrays (Sample "
+        "Factory's flag): msf's --env_backend=envpool (one EnvPool per split, one C++ call per step); refused for "
+        "an env EnvPool does not have",
+    )
+    decorrelate_experience_max_seconds: int = flag(
+        0,
+        "Rollout worker i of n waits i / n x this many seconds before its first step, so that the workers' "
+        "trajectories end at different times (Sample Factory's flag and meaning; 0: off; not with --benchmark). "
+        "Not with --deterministic (it is timed)",
+    )
+    decorrelate_envs_on_one_worker: bool = flag(
+        True,
+        "After its first reset, env j of a rollout worker takes j x rollout random actions (drawn from its action "
+        "space, seeded by the env's seed), so that the envs of one worker are at different moments of their "
+        "episodes (Sample Factory's flag, meaning and default; gymnasium backend)",
+    )
+    force_envs_single_thread: bool = flag(
+        False,
+        "Limit the thread pools of the libraries envs use (OpenMP, BLAS; threadpoolctl) to one thread in each "
+        "rollout worker, so that envs that start their own threads do not oversubscribe the cores",
+    )
+    use_env_info_cache: bool = flag(
+        False,
+        "Keep the env's spaces in train_dir/experiment/env_info.json after the first start and read them from "
+        "there at the next (Sample Factory's flag): a resume does not make an env in the launcher",
+    )
 
 
 @section(LEARNING)
@@ -275,6 +321,37 @@ class LearningFlags:
         True, "Train the value head on returns normalised by a running mean and variance", scope=(FIXED,)
     )
     shuffle_minibatches: bool = flag(False, "Shuffle trajectories between minibatches of each epoch")
+    optimizer: str = flag(
+        "adam",
+        "adam (torch.optim.Adam), or lamb: Adam's update rescaled per parameter tensor by the trust ratio "
+        "||w|| / ||update|| (You et al. 2020, 'Large Batch Optimization for Deep Learning', Algorithm 2), for "
+        "large effective batches",
+        ("adam", "lamb"),
+    )
+    kl_loss_coeff: float = flag(
+        0.0,
+        "Coefficient of a fixed KL penalty, kl_loss_coeff x mean KL(current policy || behaviour policy), added to "
+        "the PPO loss (Schulman et al. 2017, 'Proximal Policy Optimization Algorithms', eq. 8 with a fixed beta); "
+        "0: off",
+    )
+    obs_subtract_mean: float = flag(
+        0.0,
+        "Observations are (obs - obs_subtract_mean) / obs_scale before the normaliser and the encoder (Sample "
+        "Factory's preprocessing); for images, given together with obs_scale",
+        scope=(FIXED,),
+    )
+    obs_scale: float | None = flag(
+        None,
+        "Divide observations by this (see obs_subtract_mean). Default: 255 for uint8 images (pixels to [0, 1]), "
+        "1 for vectors (Sample Factory uses 1 everywhere unless its Atari and Doom launchers set 255)",
+        scope=(FIXED,),
+    )
+    normalize_input_keys: list = flag(
+        None,
+        "Dict observations: the keys that normalize_input normalises (default: all)",
+        item_type=str,
+        scope=(FIXED,),
+    )
 
 
 @section(MODEL)
@@ -286,8 +363,9 @@ class ModelFlags:
         "convnet_simple",
         "Convolutional encoder for image observations (uint8, 3-D; the smallest dimension is the channels): "
         "convnet_simple (32 8x8/4, 64 4x4/2, 128 3x3/2), convnet_atari (the Nature DQN: 32 8x8/4, 64 4x4/2, "
-        "64 3x3/1), resnet_impala (the IMPALA residual network: 16, 32, 32 channels, works on small images)",
-        ("convnet_simple", "convnet_atari", "resnet_impala"),
+        "64 3x3/1), convnet_impala (IMPALA's shallow network: 16 8x8/4, 32 4x4/2), resnet_impala (the IMPALA "
+        "residual network: 16, 32, 32 channels, works on small images)",
+        ("convnet_simple", "convnet_atari", "convnet_impala", "resnet_impala"),
         scope=(FIXED,),
     )
     encoder_conv_mlp_layers: list = flag(
@@ -320,6 +398,20 @@ class ModelFlags:
     )
     policy_init_gain: float = flag(1.0, "Gain of the orthogonal / xavier initialisation")
     initial_stddev: float = flag(1.0, "Initial standard deviation of the Gaussian action head (continuous actions)")
+    adaptive_stddev: bool = flag(
+        True,
+        "Continuous actions: the action head outputs a log standard deviation per action for each state (True, "
+        "Sample Factory's default) or a learned log standard deviation independent of the state (False; "
+        "mujoco_*: False)",
+        scope=(FIXED,),
+    )
+    continuous_tanh_scale: float = flag(
+        0.0,
+        "Continuous actions: squash the Gaussian's mean to scale x tanh(mean / scale) (0: no squashing)",
+    )
+    decoder_mlp_layers: list = flag(
+        [], "Hidden layers after the encoder and the recurrent core, before the heads (empty: none)", scope=(FIXED,)
+    )
 
 
 @section(DISTRIBUTED)
@@ -406,6 +498,9 @@ class PolicyFlags:
         "pbt_perturb_max]",
     )
     pbt_perturb_max: float = flag(1.5, "PBT: see pbt_perturb_min")
+    pbt_optimize_gamma: bool = flag(
+        False, "PBT: also perturb the discount gamma (kept in [0.9, 0.9999]; the other hyperparameters always)"
+    )
     pbt_target_objective: str = flag(
         "true_objective",
         "PBT: the statistic Sample Factory compares; accepted for its command lines, but msf optimises the mean "
@@ -457,3 +552,52 @@ class PersistenceFlags:
     wandb_group: str | None = flag(None, "Weights & Biases group (default: the env's name)")
     wandb_job_type: str = flag("SF", "Weights & Biases job type")
     wandb_tags: list = flag([], "Weights & Biases tags (space separated)", item_type=str)
+    log_to_file: bool = flag(True, "Write the log to train_dir/experiment/log.txt as well as to the console")
+    flush_summaries_interval: int = flag(30, "Seconds at most between writes of the TensorBoard event files to disk")
+    heartbeat_interval: int = flag(
+        20,
+        "Seconds without a new trajectory after which the rollout workers count as stalled (Sample Factory's "
+        "heartbeat of its components, mapped onto msf's supervision: a dead or failed worker ends the run at once "
+        "whatever this says; a stalled one is named in a warning, see heartbeat_reporting_interval)",
+    )
+    heartbeat_reporting_interval: int = flag(
+        180,
+        "Seconds between two warnings about stalled rollout workers (each names the workers that wrote no env step "
+        "since the last one)",
+    )
+    benchmark: bool = flag(
+        False,
+        "Benchmark mode (Sample Factory's flag and meaning): the rollout workers start at once, without the delay of "
+        "--decorrelate_experience_max_seconds",
+    )
+
+
+@section(COMPAT)
+class CompatFlags:
+    """Sample Factory 2 flags that msf accepts so that its command lines and config.json files keep working, but
+    that change nothing here; :data:`IGNORED` says why, and ``msf-train`` says it once in the log when one is given."""
+
+    use_record_episode_statistics: bool = flag(
+        False, "Sample Factory: count msf-enjoy's episodes by gymnasium's RecordEpisodeStatistics. See IGNORED"
+    )
+    pixel_format: str = flag("CHW", "Sample Factory: the layout of image observations. See IGNORED", ("CHW", "HWC"))
+    actor_worker_gpus: list = flag([], "Sample Factory: GPUs of the rollout workers' envs. See IGNORED")
+    env_gpu_actions: bool = flag(False, "Sample Factory: the env takes actions on the GPU. See IGNORED")
+    env_gpu_observations: bool = flag(True, "Sample Factory: the env returns observations on the GPU. See IGNORED")
+
+
+IGNORED = {
+    "use_record_episode_statistics": "msf-enjoy always counts whole games: its envs leave out the training-only "
+    "wrappers (an Atari life lost is not an episode end there)",
+    "pixel_format": "msf's convolutional encoders find the channel axis of an image themselves (its smallest "
+    "dimension), so CHW and HWC observations train alike; a custom encoder gets the env's own layout",
+    "actor_worker_gpus": "msf has no GPU-side envs yet: rollout workers step their envs on the CPU",
+    "env_gpu_actions": "msf has no GPU-side envs yet: actions reach the envs as NumPy arrays",
+    "env_gpu_observations": "msf has no GPU-side envs yet: observations go through the shared-memory buffer",
+    "train_script": "it names the training script in a Hugging Face model card, and msf does not push to the hub",
+    "enjoy_script": "it names the evaluation script in a Hugging Face model card, and msf does not push to the hub",
+    "hf_repository": "it names the Hugging Face repository of --push_to_hub, which msf does not have",
+    "push_to_hub": "msf does not upload to the Hugging Face hub (msf-enjoy refuses it with one line)",
+}
+"""Why each accepted Sample Factory flag has no effect in msf (also the msf-enjoy flags that msf-train accepts, and
+the Hugging Face ones), by flag name."""

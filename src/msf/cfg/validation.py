@@ -77,6 +77,9 @@ POSITIVE_INTS = (
     "pbt_period_env_steps",
     "rnn_size",
     "rnn_num_layers",
+    "heartbeat_interval",
+    "heartbeat_reporting_interval",
+    "flush_summaries_interval",
 )
 POSITIVE = (
     "learning_rate",
@@ -101,6 +104,9 @@ NON_NEGATIVE = (
     "save_best_every_sec",
     "save_best_after",
     "ddp_check_interval",
+    "kl_loss_coeff",
+    "continuous_tanh_scale",
+    "decorrelate_experience_max_seconds",
 )
 FRACTIONS = ("gamma", "gae_lambda", "pbt_mutation_rate")
 
@@ -129,6 +135,19 @@ def validate(cfg: Config) -> None:
     for name in FRACTIONS:
         v = getattr(cfg, name)
         p.check(0.0 <= v <= 1.0, name, f"must be in [0, 1], got {v}")
+    for name in ("env_framestack", "eval_env_frameskip"):
+        v = getattr(cfg, name)
+        p.check(v is None or v >= 1, name, f"must be a positive integer, got {v}")
+    p.check(
+        cfg.obs_scale is None or cfg.obs_scale > 0,
+        "obs_scale",
+        f"must be positive (observations are divided by it), got {cfg.obs_scale}",
+    )
+    p.check(
+        not (cfg.deterministic and cfg.decorrelate_experience_max_seconds > 0),
+        "decorrelate_experience_max_seconds",
+        "must be 0 with --deterministic=True: the random steps it adds are timed, so no two runs would take the same",
+    )
     _check_sampling(cfg, p)
     _check_learning(cfg, p)
     _check_model(cfg, p)
@@ -228,6 +247,11 @@ def _check_model(cfg: Config, p: Problems) -> None:
         f"must be one or more positive layer sizes, got {cfg.encoder_mlp_layers}",
     )
     p.check(
+        all(n >= 1 for n in cfg.decoder_mlp_layers),
+        "decoder_mlp_layers",
+        f"must be positive layer sizes, got {cfg.decoder_mlp_layers}",
+    )
+    p.check(
         all(n >= 1 for n in cfg.encoder_conv_mlp_layers),
         "encoder_conv_mlp_layers",
         f"must be positive layer sizes, got {cfg.encoder_conv_mlp_layers}",
@@ -285,6 +309,23 @@ def _check_writable(train_dir: str) -> None:
             pass
     except OSError as e:
         raise ConfigError(f"--train_dir: {train_dir!r} is not a writable folder ({e.strerror or e})") from None
+
+
+def resolve_sample_factory_flags(cfg: Config, given: set[str]) -> Config:
+    """Sample Factory flags that msf expresses with its own: ``--batched_sampling=True`` is
+    ``--env_backend=envpool`` (a split of a worker's envs stepped as one vectorised env).
+
+    Raises:
+        ConfigError: ``--batched_sampling=True`` with ``--env_backend=gymnasium`` given.
+    """
+    if not cfg.batched_sampling:
+        return cfg
+    if "env_backend" in given and cfg.env_backend != "envpool":
+        raise ConfigError(
+            f"--batched_sampling: True steps each split as one EnvPool (--env_backend=envpool), which contradicts "
+            f"--env_backend={cfg.env_backend}: leave one of them out"
+        )
+    return dataclasses.replace(cfg, env_backend="envpool")
 
 
 def resolve_deterministic(cfg: Config, given: set[str]) -> Config:

@@ -125,10 +125,11 @@ def _atari_id(game: str) -> str:
 
 
 def make_atari(name: str, env_config: dict[str, Any]) -> gym.Env:
-    """``atari_<game>``: no-op starts (30), frameskip 4 with max-pooling of the last two frames, 84x84
-    grayscale, a stack of 4 frames ``[4, 84, 84]`` uint8; for training also life loss as episode end and
-    rewards clipped to [-1, 1]. Sticky actions (``repeat_action_probability=0.25``) and the full action
-    set with ``env_config`` ``atari_sticky_actions`` / ``atari_full_action_space``."""
+    """``atari_<game>``: no-op starts (30), frameskip 4 (``env_config["frameskip"]``) with max-pooling of the last two
+    frames, 84x84 grayscale, a stack of ``env_framestack`` (4) frames ``[env_framestack, 84, 84]`` uint8; for
+    training also life loss as episode end and rewards clipped to [-1, 1]. Sticky actions
+    (``repeat_action_probability=0.25``) and the full action set with ``env_config`` ``atari_sticky_actions`` /
+    ``atari_full_action_space``."""
     import ale_py
 
     gym.register_envs(ale_py)
@@ -142,7 +143,7 @@ def make_atari(name: str, env_config: dict[str, Any]) -> gym.Env:
     env = gym.wrappers.AtariPreprocessing(
         env,
         noop_max=30,
-        frame_skip=FRAMESKIP["atari_"],
+        frame_skip=int(env_config.get("frameskip") or FRAMESKIP["atari_"]),
         screen_size=84,
         grayscale_obs=True,
         terminal_on_life_loss=False,
@@ -151,7 +152,15 @@ def make_atari(name: str, env_config: dict[str, Any]) -> gym.Env:
     if not env_config.get("evaluation"):
         env = EpisodicLife(env)
         env = gym.wrappers.TransformReward(env, lambda r: float(np.sign(r)))
-    return gym.wrappers.FrameStackObservation(env, 4)
+    stack = int(env_config.get("env_framestack") or 4)
+    return gym.wrappers.FrameStackObservation(env, stack) if stack > 1 else _with_channel(env)
+
+
+def _with_channel(env: gym.Env) -> gym.Env:
+    """A grayscale ``[84, 84]`` Atari screen as one channel ``[1, 84, 84]`` (``--env_framestack=1``)."""
+    space = env.observation_space
+    shaped = gym.spaces.Box(0, 255, (1, *space.shape), dtype=space.dtype)
+    return gym.wrappers.TransformObservation(env, lambda o: o[None], shaped)
 
 
 def make_doom(name: str, env_config: dict[str, Any]) -> gym.Env:
@@ -171,7 +180,7 @@ def make_doom(name: str, env_config: dict[str, Any]) -> gym.Env:
     wide = bool(env_config.get("wide_aspect_ratio", False))
     env = gym.make(
         DOOM[scenario],
-        frame_skip=FRAMESKIP["doom_"],
+        frame_skip=int(env_config.get("frameskip") or FRAMESKIP["doom_"]),
         render_mode=env_config.get("render_mode"),
         screen_resolution="RES_256X144" if wide else "RES_160X120",
     )
@@ -283,21 +292,121 @@ MAKERS: dict[str, MakeFn] = {
 }
 
 
+# Sample Factory 2.1.1's defaults for each family, as its launchers set them (sf_examples: atari_override_defaults,
+# doom_override_defaults, mujoco_override_defaults; Doom's GRU is Sample Factory's global use_rnn=True, which msf's
+# global default does not share): the same command line trains the same configuration on both. A flag given wins.
+# Evaluation-only ones (Doom's fps=35) are msf-enjoy's own: real time there is 35 fps with eval_env_frameskip=1.
+SF_FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
+    "atari_": dict(
+        summaries_use_frameskip=True,
+        use_record_episode_statistics=True,
+        encoder_conv_architecture="convnet_atari",
+        obs_scale=255.0,
+        gamma=0.99,
+        env_frameskip=4,
+        env_framestack=4,
+        exploration_loss_coeff=0.01,
+        num_workers=8,
+        num_envs_per_worker=1,
+        worker_num_splits=1,
+        train_for_env_steps=10_000_000,
+        nonlinearity="relu",
+        kl_loss_coeff=0.0,
+        use_rnn=False,
+        adaptive_stddev=False,
+        reward_scale=1.0,
+        with_vtrace=False,
+        recurrence=1,
+        batch_size=256,
+        rollout=128,
+        max_grad_norm=0.5,
+        num_epochs=4,
+        num_batches_per_epoch=4,
+        ppo_clip_ratio=0.1,
+        value_loss_coeff=0.5,
+        exploration_loss="entropy",
+        learning_rate=0.00025,
+        lr_schedule="linear_decay",
+        shuffle_minibatches=False,
+        gae_lambda=0.95,
+        batched_sampling=False,
+        normalize_input=True,
+        normalize_returns=True,
+        serial_mode=False,
+        async_rl=False,
+        experiment_summaries_interval=3,
+        adam_eps=1e-5,
+    ),
+    "doom_": dict(
+        ppo_clip_value=0.2,
+        obs_subtract_mean=0.0,
+        obs_scale=255.0,
+        exploration_loss="symmetric_kl",
+        exploration_loss_coeff=0.001,
+        normalize_returns=True,
+        normalize_input=True,
+        env_frameskip=4,
+        eval_env_frameskip=1,
+        heartbeat_reporting_interval=600,
+        use_rnn=True,
+    ),
+    "mujoco_": dict(
+        batched_sampling=False,
+        num_workers=8,
+        num_envs_per_worker=8,
+        worker_num_splits=2,
+        train_for_env_steps=10_000_000,
+        encoder_mlp_layers=[64, 64],
+        env_frameskip=1,
+        nonlinearity="tanh",
+        batch_size=1024,
+        kl_loss_coeff=0.1,
+        use_rnn=False,
+        adaptive_stddev=False,
+        policy_initialization="torch_default",
+        reward_scale=1.0,
+        rollout=64,
+        max_grad_norm=3.5,
+        num_epochs=2,
+        num_batches_per_epoch=4,
+        ppo_clip_ratio=0.2,
+        value_loss_coeff=1.3,
+        exploration_loss_coeff=0.0,
+        learning_rate=0.00295,
+        lr_schedule="linear_decay",
+        shuffle_minibatches=False,
+        gamma=0.99,
+        gae_lambda=0.95,
+        with_vtrace=False,
+        recurrence=1,
+        normalize_input=True,
+        normalize_returns=True,
+        value_bootstrap=True,
+        experiment_summaries_interval=3,
+        save_every_sec=15,
+        serial_mode=False,
+        async_rl=False,
+    ),
+    # not a Sample Factory family: msf's choice for MiniGrid's 7x7 views
+    "MiniGrid-": dict(encoder_conv_architecture="resnet_impala"),
+}
+
+
+def family_defaults(name: str) -> dict[str, Any]:
+    """The flags that choosing ``--env=name`` sets, where not given (see :data:`SF_FAMILY_DEFAULTS`); {} for an env
+    of no family."""
+    return dict(SF_FAMILY_DEFAULTS.get(family_of(name) or "", {}))
+
+
 def apply_family_defaults(cfg, given: set[str]):
-    """The family's defaults for flags not given: ``env_frameskip`` 4 for atari_* and doom_*, and
-    ``encoder_conv_architecture=resnet_impala`` for MiniGrid's 7x7 views."""
+    """``cfg`` with its env family's defaults (:data:`SF_FAMILY_DEFAULTS`) for the flags not in ``given``."""
     import dataclasses
 
-    family = family_of(cfg.env)
-    changes = {}
-    if family in FRAMESKIP and "env_frameskip" not in given:
-        changes["env_frameskip"] = FRAMESKIP[family]
-    if family == "MiniGrid-" and "encoder_conv_architecture" not in given:
-        changes["encoder_conv_architecture"] = "resnet_impala"
+    changes = {k: v for k, v in family_defaults(cfg.env).items() if k not in given}
     return dataclasses.replace(cfg, **changes) if changes else cfg
 
 
-def video_fps(name: str, env: gym.Env) -> float:
+def video_fps(name: str, env: gym.Env, frameskip: int | None = None) -> float:
     """Frames per second that play a video of one frame per env step of ``env`` (made for ``name``) in real time.
 
     Gymnasium's ``render_fps`` is that rate for most envs (CartPole's 50, MuJoCo's ``1 / dt`` of a step); the
@@ -305,8 +414,8 @@ def video_fps(name: str, env: gym.Env) -> float:
     videos played 2x and 4x too fast. For them, :data:`GAME_FPS` over :data:`FRAMESKIP`: 15 and 8.75.
     """
     family = family_of(name)
-    if family in GAME_FPS:
-        return GAME_FPS[family] / FRAMESKIP[family]
+    if family in GAME_FPS:  # frameskip: the evaluation env's frames per step (--eval_env_frameskip)
+        return GAME_FPS[family] / (frameskip or FRAMESKIP[family])
     return float(env.metadata.get("render_fps") or 30)
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import json
+import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -17,10 +19,12 @@ import gymnasium as gym
 import numpy as np
 
 from msf.cfg.validation import ConfigError
+from msf.runtime.registrations import registry
 
 MakeEnvFn = Callable[[str, dict], gym.Env]
-_REGISTRY: dict[str, MakeEnvFn] = {}
-_DECLARED: dict[str, "EnvSpaces"] = {}  # by short name (the ``Id`` of ``module:Id``): see declare_spaces
+# carried to every process msf spawns (msf.runtime.registrations), so a registration made in a script's main() works
+_REGISTRY: dict[str, MakeEnvFn] = registry("env")
+_DECLARED: dict[str, "EnvSpaces"] = registry("declared")  # by short name (the ``Id`` of ``module:Id``)
 
 
 def register_env(name: str, make_env_fn: MakeEnvFn) -> None:
@@ -106,7 +110,8 @@ def env_config_of(
     cfg: Any, worker_index: int = 0, env_index: int = 0, seed: int = 0, device_group: int = 0, **extra: Any
 ) -> dict[str, Any]:
     """The ``env_config`` every env maker receives: its indices (see :func:`register_env`) and seed, and the env
-    flags of ``cfg``."""
+    flags of ``cfg``. ``extra`` adds keys: msf-enjoy's ``frameskip`` (``--eval_env_frameskip``) replaces the
+    Atari and Doom makers' 4 frames per step."""
     return {
         "worker_index": worker_index,
         "env_index": env_index,
@@ -118,6 +123,8 @@ def env_config_of(
         "res_w": cfg.res_w,
         "res_h": cfg.res_h,
         "wide_aspect_ratio": cfg.wide_aspect_ratio,
+        "env_framestack": getattr(cfg, "env_framestack", None),
+        "cfg": cfg,  # the whole config, for makers written against Sample Factory's API (msf.sf2)
         **extra,
     }
 
@@ -287,6 +294,45 @@ def _layout_entry(key: str, space: gym.Space) -> tuple[str, tuple[int, ...], int
     )
 
 
+ENV_INFO_FILE = "env_info.json"
+
+
+def save_env_info(exp_dir: str, name: str, spaces: EnvSpaces) -> None:
+    """Keep ``spaces`` of the env ``name`` in ``exp_dir/env_info.json`` (``--use_env_info_cache``), atomically."""
+    d = dataclasses.asdict(spaces)
+    d["obs_dtype"] = np.dtype(spaces.obs_dtype).str
+    tmp = os.path.join(exp_dir, f".{ENV_INFO_FILE}.tmp")
+    with open(tmp, "w") as f:
+        json.dump({"env": name, "spaces": d}, f)
+    os.replace(tmp, os.path.join(exp_dir, ENV_INFO_FILE))
+
+
+def load_env_info(exp_dir: str, name: str) -> EnvSpaces | None:
+    """The spaces :func:`save_env_info` kept for the env ``name`` in ``exp_dir``; None when there are none (or
+    they are another env's, or unreadable)."""
+    try:
+        with open(os.path.join(exp_dir, ENV_INFO_FILE)) as f:
+            saved = json.load(f)
+        if saved.get("env") != name:
+            return None
+        d = saved["spaces"]
+
+        def tuples(x):
+            return tuple(tuples(v) for v in x) if isinstance(x, list) else x
+
+        return EnvSpaces(
+            obs_shape=tuple(d["obs_shape"]),
+            obs_dtype=np.dtype(d["obs_dtype"]).type,
+            discrete=bool(d["discrete"]),
+            num_actions=int(d["num_actions"]),
+            action_nvec=tuples(d["action_nvec"]),
+            obs_layout=tuples(d["obs_layout"]),
+            num_agents=int(d["num_agents"]),
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def env_spaces(name: str, env_config: dict[str, Any] | None = None, note_after_s: float = 5.0) -> EnvSpaces:
     """The spaces of the env ``name``: those declared for it (:func:`declare_spaces`), without making it; else
     one env made in this process, read and closed (not reset: ViZDoom's engine starts at the first reset, so
@@ -311,7 +357,7 @@ def env_spaces(name: str, env_config: dict[str, Any] | None = None, note_after_s
         lambda: print(
             f"msf: making one {name} env to read its observation and action spaces, before the workers "
             f"start (its constructor has taken {note_after_s:.0f} s so far; msf.envs.declare_spaces, where the "
-            "env is registered, saves this)",
+            "env is registered, or --use_env_info_cache=True from the second start on, saves this)",
             file=sys.stderr,
         ),
     )

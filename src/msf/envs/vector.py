@@ -57,6 +57,12 @@ class GymSplit:
             self.close()  # an env that starts a process (ViZDoom's engine) must not outlive a failed start
             raise
         self.seeds = [seed + i for i in env_indices]
+        # --decorrelate_envs_on_one_worker: env j of the worker takes j x rollout random actions after its reset
+        per_worker = int(getattr(cfg, "num_envs_per_worker", 1))
+        decorrelate = bool(getattr(cfg, "decorrelate_envs_on_one_worker", False))
+        self.random_steps = [
+            (i - worker_index * per_worker) * int(cfg.rollout) if decorrelate else 0 for i in env_indices
+        ]
         self.on_env = on_env
         self.action_space = self.envs[0].action_space
         self.tuple_actions = isinstance(self.action_space, gym.spaces.Tuple)
@@ -68,14 +74,31 @@ class GymSplit:
         return tuple(a.tolist()) if self.tuple_actions else a
 
     def reset(self) -> list[np.ndarray]:
-        """The first observation of every env (seeded), a list of ``n`` (``n x A``) arrays."""
+        """The first observation of every env (seeded), a list of ``n`` (``n x A``) arrays; with
+        ``--decorrelate_envs_on_one_worker``, the observation after its random steps (:meth:`_random_steps`)."""
         firsts = []
-        for env, s in zip(self.envs, self.seeds):
-            firsts.append(env.reset(seed=s)[0])
+        for env, s, steps in zip(self.envs, self.seeds, self.random_steps):
+            obs = env.reset(seed=s)[0]
             if self.on_env is not None:
                 self.on_env("started")
+            firsts.append(self._random_steps(env, obs, s, steps))
         self.on_env = None  # the start-up is over
         return firsts if self.A == 1 else [o for obs in firsts for o in obs]
+
+    def _random_steps(self, env: gym.Env, obs: Any, seed: int, steps: int) -> Any:
+        """Step ``env`` ``steps`` times with random actions from its action space (seeded by ``seed``, so that a run
+        repeats), resetting it after an episode end; return the last observation (Sample Factory's decorrelation
+        of the envs of one worker)."""
+        if steps <= 0:
+            return obs
+        space = env.action_space
+        space.seed(seed)
+        for _ in range(steps):
+            action = space.sample() if self.A == 1 else [space.sample() for _ in range(self.A)]
+            obs, _, te, tr, _ = env.step(action)
+            if np.all(np.asarray(te) | np.asarray(tr)):
+                obs, _ = env.reset()
+        return obs
 
     def step(self, actions: np.ndarray) -> tuple[list[np.ndarray], np.ndarray, np.ndarray, np.ndarray]:
         """Step every env with ``actions[i]`` (a multi-agent env with ``actions[i * A:(i + 1) * A]``).
@@ -174,7 +197,7 @@ def envpool_task(name: str) -> str:
 def make_envpool(cfg: Any, num_envs: int, seed: int, evaluation: bool = False) -> Any:
     """An EnvPool (gymnasium API, synchronous, one thread) of ``num_envs`` envs of ``cfg.env``, with the
     preprocessing of the gymnasium backend: for Atari 30 no-op starts, frameskip 4 with max-pooling, 84x84
-    grayscale, 4 stacked frames ``[4, 84, 84]`` uint8, no fire on reset, at most 27,000 steps
+    grayscale, ``env_framestack`` (4) stacked frames ``[4, 84, 84]`` uint8, no fire on reset, at most 27,000 steps
     (108,000 frames), and for training life loss as episode end (the game goes on) and rewards clipped to
     their sign; sticky actions and the full action set from the ``atari_*`` flags."""
     import envpool
@@ -183,7 +206,7 @@ def make_envpool(cfg: Any, num_envs: int, seed: int, evaluation: bool = False) -
     kw: dict[str, Any] = {}
     if cfg.env.startswith("atari_"):
         kw = dict(
-            stack_num=4,
+            stack_num=int(getattr(cfg, "env_framestack", None) or 4),
             frame_skip=4,
             noop_max=30,
             img_height=84,

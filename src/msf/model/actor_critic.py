@@ -42,8 +42,15 @@ class ActorCritic(nn.Module):
     Vector observations go through an MLP (``encoder_mlp_layers``) after the running mean/std
     normaliser; image observations (3-D) through a :class:`~msf.model.encoders.ConvEncoder`, scaled to
     ``[0, 1]`` and, with ``normalize_input``, normalised per element by the encoder's own running mean/std
-    (Sample Factory's treatment of images). The Gaussian head has a state-independent learned log standard
-    deviation, initialised to ``log(cfg.initial_stddev)``.
+    (Sample Factory's treatment of images). ``--obs_scale`` / ``--obs_subtract_mean`` scale plain (not dict)
+    observations first: ``(obs - m) / s``, ``s`` 255 for images and 1 for vectors by default.
+
+    The action head's output (:meth:`forward`'s first) is the logits ``[N, A]`` of a categorical, or for a
+    Gaussian its means and log standard deviations side by side ``[N, 2A]`` (Sample Factory's layout): with
+    ``--adaptive_stddev`` both from the head, else the means from the head and a state-independent learned log
+    standard deviation (initialised to ``log(cfg.initial_stddev)``), the means squashed to ``c tanh(mean / c)``
+    with ``--continuous_tanh_scale=c > 0`` (only there, as in Sample Factory). Standard deviations are clamped to
+    ``[1e-4, 1e4]``. ``--decoder_mlp_layers`` adds an MLP between the core (or encoder) and the heads.
 
     Raises:
         ValueError: observations of an unsupported rank, or images too small for the conv encoder.
@@ -56,11 +63,21 @@ class ActorCritic(nn.Module):
         self.layout = spaces.obs_layout
         if len(spaces.obs_shape) not in (1, 3):
             raise ValueError(f"observations must be vectors or 3-D images, got shape {spaces.obs_shape}")
-        self.obs_normalizer = (
-            RunningMeanStd(spaces.obs_shape, clip=5.0)
-            if cfg.normalize_input and not self.image and self.layout is None
-            else None
-        )
+        # Sample Factory's preprocessing of a plain observation, (obs - m) / s; images default to s = 255
+        self.obs_scale = float(cfg.obs_scale if cfg.obs_scale is not None else (255.0 if self.image else 1.0))
+        self.obs_subtract = float(cfg.obs_subtract_mean)
+        keys = cfg.normalize_input_keys
+        normalize = cfg.normalize_input and (keys is None or self.layout is not None or "obs" in keys)
+        self.obs_normalizer = None
+        if normalize and not self.image and self.layout is None:
+            # statistics of raw values with the epsilon scaled alike: the normalisation of (obs - m) / s, exactly
+            self.obs_normalizer = RunningMeanStd(spaces.obs_shape, clip=5.0, eps=1e-5 * self.obs_scale**2)
+            if (self.obs_scale, self.obs_subtract) != (1.0, 0.0):
+                with torch.no_grad():  # before the first update: the plain scaling
+                    for t in (self.obs_normalizer.mean, self.obs_normalizer.mean_f32):
+                        t.fill_(self.obs_subtract)
+                    self.obs_normalizer.var.fill_(self.obs_scale**2)
+                    self.obs_normalizer.std_f32.fill_(self.obs_scale * (1.0 + 1e-5) ** 0.5)
         self.nvec = spaces.action_nvec
         self.mask_slice = None
         if self.layout is not None:
@@ -89,7 +106,9 @@ class ActorCritic(nn.Module):
                     cfg.encoder_conv_architecture,
                     cfg.encoder_conv_mlp_layers,
                     cfg.nonlinearity,
-                    cfg.normalize_input,
+                    normalize,
+                    scale=self.obs_scale,
+                    subtract=self.obs_subtract,
                 )
                 return enc, enc.out_size
             return mlp(spaces.obs_shape[0], cfg.encoder_mlp_layers, cfg.nonlinearity), cfg.encoder_mlp_layers[-1]
@@ -102,10 +121,18 @@ class ActorCritic(nn.Module):
             rnn = nn.GRU if cfg.rnn_type == "gru" else nn.LSTM
             self.core = rnn(hidden, cfg.rnn_size, num_layers=cfg.rnn_num_layers)
             hidden = cfg.rnn_size
-        self.action_head = nn.Linear(hidden, spaces.num_actions)
+        self.decoder = mlp(hidden, cfg.decoder_mlp_layers, cfg.nonlinearity) if cfg.decoder_mlp_layers else None
+        if self.decoder is not None:
+            hidden = cfg.decoder_mlp_layers[-1]
+        self.continuous = not spaces.discrete
+        self.adaptive_stddev = self.continuous and cfg.adaptive_stddev
+        self.tanh_scale = float(cfg.continuous_tanh_scale) if self.continuous and not cfg.adaptive_stddev else 0.0
+        self.action_head = nn.Linear(hidden, spaces.num_actions * (2 if self.adaptive_stddev else 1))
         self.value_head = nn.Linear(hidden, 1)
         self.log_std = (
-            None if spaces.discrete else nn.Parameter(torch.full((spaces.num_actions,), math.log(cfg.initial_stddev)))
+            nn.Parameter(torch.full((spaces.num_actions,), math.log(cfg.initial_stddev)))
+            if self.continuous and not self.adaptive_stddev
+            else None
         )
         self._initialize(cfg.policy_initialization, cfg.policy_init_gain)
 
@@ -132,8 +159,14 @@ class ActorCritic(nn.Module):
         nn.init.orthogonal_(self.action_head.weight, gain=0.01)
 
     def normalize_obs(self, obs: torch.Tensor) -> torch.Tensor:
+        """``[N, *obs_shape]`` observations as float32, vectors normalised (or only scaled, see the class); images
+        are scaled and normalised in their encoder."""
         obs = obs.float()
-        return self.obs_normalizer.normalize(obs) if self.obs_normalizer is not None else obs
+        if self.obs_normalizer is not None:
+            return self.obs_normalizer.normalize(obs)
+        if not self.image and self.layout is None and (self.obs_scale, self.obs_subtract) != (1.0, 0.0):
+            return (obs - self.obs_subtract) * (1.0 / self.obs_scale)
+        return obs
 
     def update_obs_statistics(self, obs: torch.Tensor, reduce_sum: ReduceSum | None = None) -> None:
         """Update the observation normaliser(s) with ``[M, *obs_shape]`` observations. With ``reduce_sum``
@@ -153,8 +186,8 @@ class ActorCritic(nn.Module):
 
     def mode(self, action_params: torch.Tensor) -> torch.Tensor:
         """The most likely action (the mean of a Gaussian)."""
-        if self.log_std is not None:
-            return action_params
+        if self.continuous:
+            return self.gaussian(action_params)[0]
         if self.nvec is not None:
             return MultiCategorical(action_params, self.nvec).mode
         return action_params.argmax(-1)
@@ -213,7 +246,28 @@ class ActorCritic(nn.Module):
                 rnn_states = torch.zeros(obs.shape[0], self.rnn_state_size, device=obs.device)
             h, new_states = self._run_core(h, rnn_states, dones)
         hc = h if self.critic_encoder is None else self.critic_encoder(x)
-        return self._mask(self.action_head(h), obs), self.value_head(hc).squeeze(-1), new_states
+        if self.decoder is not None:
+            h = self.decoder(h)
+            hc = h if self.critic_encoder is None else self.decoder(hc)
+        return self._action_params(h, obs), self.value_head(hc).squeeze(-1), new_states
+
+    def _action_params(self, h: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+        """The action head on ``[N, H]`` features: logits ``[N, A]``, or Gaussian means and log standard deviations
+        ``[N, 2A]`` (see the class)."""
+        out = self.action_head(h)
+        if not self.continuous:
+            return self._mask(out, obs)
+        if self.adaptive_stddev:
+            return out
+        if self.tanh_scale > 0:
+            out = torch.tanh(out / self.tanh_scale) * self.tanh_scale
+        return torch.cat([out, self.log_std.expand_as(out)], dim=1)
+
+    def gaussian(self, action_params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Means and standard deviations ``[N, A]`` of a Gaussian head's ``[N, 2A]`` parameters (the deviations
+        clamped to ``[1e-4, 1e4]``, Sample Factory's bounds)."""
+        means, log_std = action_params.chunk(2, dim=-1)
+        return means, log_std.exp().clamp(1e-4, 1e4)
 
     def forward(
         self, obs: torch.Tensor, rnn_states: torch.Tensor | None = None, dones: torch.Tensor | None = None
@@ -232,9 +286,9 @@ class ActorCritic(nn.Module):
         """The action distribution of :meth:`forward`'s first output."""
         if self.nvec is not None:
             return MultiCategorical(action_params, self.nvec)
-        if self.log_std is None:
+        if not self.continuous:
             return Categorical(logits=action_params, validate_args=False)
-        return Normal(action_params, self.log_std.exp().expand_as(action_params), validate_args=False)
+        return Normal(*self.gaussian(action_params), validate_args=False)
 
     def evaluate(self, obs: torch.Tensor, rnn_states: torch.Tensor | None = None) -> PolicyOutput:
         """Action distribution and values for observations ``[N, *obs_shape]`` (one step per env)."""
@@ -264,7 +318,7 @@ class ActorCritic(nn.Module):
         if generators is not None:
             actions = self._sample_per_row(params, generators)
             return actions, self.log_prob(self.distribution(params), actions), values, new_states
-        if self.log_std is not None or self.nvec is not None:
+        if self.continuous or self.nvec is not None:
             dist = self.distribution(params)
             actions = dist.sample()
             return actions, self.log_prob(dist, actions), values, new_states
@@ -275,10 +329,10 @@ class ActorCritic(nn.Module):
     def _sample_per_row(self, params: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
         """Actions ``[N, ...]`` on ``params``' device, row ``i`` drawn from ``generators[i]`` (see :meth:`act`)."""
         p = params.detach().float().cpu()
-        if self.log_std is not None:
-            std = self.log_std.detach().float().cpu().exp()
-            noise = torch.stack([torch.randn(p.shape[1:], generator=g) for g in generators])
-            return (p + std * noise).to(params.device)
+        if self.continuous:
+            mean, std = self.gaussian(p)
+            noise = torch.stack([torch.randn(mean.shape[1:], generator=g) for g in generators])
+            return (mean + std * noise).to(params.device)
         parts = torch.split(p, list(self.nvec), dim=-1) if self.nvec is not None else (p,)
         columns = []
         for part in parts:
@@ -290,12 +344,12 @@ class ActorCritic(nn.Module):
     def log_prob(self, dist: torch.distributions.Distribution, actions: torch.Tensor) -> torch.Tensor:
         """``[N]`` log-probabilities (summed over action dimensions for a Gaussian)."""
         lp = dist.log_prob(actions)
-        return lp if self.log_std is None else lp.sum(-1)
+        return lp.sum(-1) if self.continuous else lp
 
     def entropy(self, dist: torch.distributions.Distribution) -> torch.Tensor:
         """``[N]`` entropies."""
         e = dist.entropy()
-        return e if self.log_std is None else e.sum(-1)
+        return e.sum(-1) if self.continuous else e
 
     def denormalize_values(self, values: torch.Tensor) -> torch.Tensor:
         """Values in return units (identity without return normalisation)."""

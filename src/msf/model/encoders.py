@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from msf.model.normalizers import ReduceSum, RunningMeanStd
+from msf.runtime.registrations import registry
 
 ACTIVATIONS = {"elu": nn.ELU, "relu": nn.ReLU, "tanh": nn.Tanh}
 
@@ -52,10 +53,18 @@ def conv_layers(architecture: str, in_channels: int, activation: str) -> nn.Sequ
 
     * ``convnet_simple``: 32 8x8 stride 4, 64 4x4 stride 2, 128 3x3 stride 2.
     * ``convnet_atari``: the Nature DQN (Mnih et al. 2015): 32 8x8/4, 64 4x4/2, 64 3x3/1.
+    * ``convnet_impala``: the shallow IMPALA network (Espeholt et al. 2018, fig. 3, left): 16 8x8/4, 32 4x4/2.
     * ``resnet_impala``: the IMPALA network (Espeholt et al. 2018, fig. 3): for 16, 32, 32 channels a
       3x3 convolution, a 3x3 max-pool of stride 2, two residual blocks.
     """
     act = ACTIVATIONS[activation]
+    if architecture == "convnet_impala":  # the small network of the IMPALA paper (Espeholt et al. 2018, fig. 3)
+        return nn.Sequential(
+            nn.Conv2d(in_channels, 16, 8, stride=4),
+            _in_place(activation),
+            nn.Conv2d(16, 32, 4, stride=2),
+            _in_place(activation),
+        )
     if architecture in ("convnet_simple", "convnet_atari"):
         last = 128 if architecture == "convnet_simple" else 64
         last_stride = 2 if architecture == "convnet_simple" else 1
@@ -99,7 +108,7 @@ class ConvEncoder(nn.Module):
     """
 
     # Sample Factory's epsilon (1e-5) on the variance of pixels scaled to [0, 1]; the statistics here are
-    # kept on raw pixel values, where the same normalisation needs 1e-5 x 255^2
+    # kept on raw pixel values, where the same normalisation needs 1e-5 x 255^2 (1e-5 x scale^2 in general)
     PIXEL_EPS = 1e-5 * 255.0**2
 
     def __init__(
@@ -109,8 +118,15 @@ class ConvEncoder(nn.Module):
         mlp_layers: list[int],
         activation: str,
         normalize: bool = False,
+        scale: float = 255.0,
+        subtract: float = 0.0,
     ):
+        """``scale``, ``subtract``: pixels become ``(x - subtract) / scale`` (``--obs_scale``,
+        ``--obs_subtract_mean``; 255 and 0 scale to ``[0, 1]``). With ``normalize`` the statistics are kept on raw
+        values with the variance epsilon ``1e-5 x scale^2``, which is Sample Factory's normalisation of the scaled
+        values, ``((x - m) / s - mu') / sqrt(var' + 1e-5)``, exactly (``subtract`` cancels)."""
         super().__init__()
+        self.scale, self.subtract = float(scale), float(subtract)
         self.axis = channel_axis(obs_shape)
         chw = (obs_shape[self.axis], *[d for i, d in enumerate(obs_shape) if i != self.axis])
         self.conv = conv_layers(architecture, chw[0], activation)
@@ -124,11 +140,14 @@ class ConvEncoder(nn.Module):
             ) from None
         self.mlp = mlp(n, mlp_layers, activation)
         self.out_size = mlp_layers[-1] if mlp_layers else n
-        self.normalizer = RunningMeanStd(tuple(obs_shape), clip=5.0, eps=self.PIXEL_EPS) if normalize else None
-        if self.normalizer is not None:  # before the first statistics: the plain scaling to [0, 1] (count 0:
-            with torch.no_grad():  # the first update replaces this variance entirely)
-                self.normalizer.var.fill_(255.0**2 - self.PIXEL_EPS)
-                self.normalizer.std_f32.fill_(255.0)
+        eps = 1e-5 * self.scale**2
+        self.normalizer = RunningMeanStd(tuple(obs_shape), clip=5.0, eps=eps) if normalize else None
+        if self.normalizer is not None:  # before the first statistics: the plain scaling (count 0: the first
+            with torch.no_grad():  # update replaces these entirely)
+                self.normalizer.mean.fill_(self.subtract)
+                self.normalizer.mean_f32.fill_(self.subtract)
+                self.normalizer.var.fill_(self.scale**2 - eps)
+                self.normalizer.std_f32.fill_(self.scale)
 
     def update_normalizers(self, obs: torch.Tensor, reduce_sum: ReduceSum | None = None) -> None:
         """Merge ``[M, *obs_shape]`` images into the per-element statistics (summed over replicas by
@@ -138,7 +157,12 @@ class ConvEncoder(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         x = obs.float()
-        x = self.normalizer.normalize(x) if self.normalizer is not None else x * (1.0 / 255.0)
+        if self.normalizer is not None:
+            x = self.normalizer.normalize(x)
+        elif self.subtract:
+            x = (x - self.subtract) * (1.0 / self.scale)
+        else:
+            x = x * (1.0 / self.scale)
         if self.axis != 0:
             x = x.movedim(self.axis + 1, 1)
         if x.device.type == "cpu" and torch.is_grad_enabled():
@@ -152,7 +176,7 @@ class ConvEncoder(nn.Module):
 
 
 EncoderFactory = "Callable[[Config, tuple[int, ...]], nn.Module]"
-_ENCODERS: dict = {}
+_ENCODERS: dict = registry("encoder")  # carried to every process msf spawns (msf.runtime.registrations)
 
 
 def register_encoder(name: str, factory) -> None:
@@ -191,7 +215,9 @@ class DictEncoder(nn.Module):
     """A ``Dict`` observation flattened into ``[N, total]`` float32 (see ``EnvSpaces.obs_layout``), split
     again per key: 3-D keys through a :class:`ConvEncoder` (normalised per element with ``normalize_input``),
     the others through their own running mean/std normaliser (with ``normalize_input``) and MLP; the features
-    are concatenated ``[N, out_size]``. The ``action_mask`` key is not encoded.
+    are concatenated ``[N, out_size]``. The ``action_mask`` key is not encoded. ``--normalize_input_keys``
+    limits the normalisation to the keys it names; ``--obs_scale`` and ``--obs_subtract_mean`` do not apply to
+    dict observations (as in Sample Factory, where they touch only the plain ``obs``).
 
     Args:
         layout: ``((key, shape, size), ...)`` in the flattened order.
@@ -211,15 +237,17 @@ class DictEncoder(nn.Module):
             offset += size
             if key == self.MASK_KEY:
                 continue
+            keys = getattr(cfg, "normalize_input_keys", None)
+            normalize_key = normalize and (keys is None or key in keys)
             if len(shape) == 3:
                 enc = ConvEncoder(
-                    shape, cfg.encoder_conv_architecture, cfg.encoder_conv_mlp_layers, cfg.nonlinearity, normalize
+                    shape, cfg.encoder_conv_architecture, cfg.encoder_conv_mlp_layers, cfg.nonlinearity, normalize_key
                 )
                 self.out_size += enc.out_size
             else:
                 enc = mlp(size, cfg.encoder_mlp_layers, cfg.nonlinearity)
                 self.out_size += cfg.encoder_mlp_layers[-1]
-                if normalize:
+                if normalize_key:
                     self.normalizers[key] = RunningMeanStd((size,), clip=5.0)
             self.encoders[key] = enc
 

@@ -19,16 +19,19 @@ LOG_FORMAT = "[%(asctime)s][%(processName)s][pid %(process)d] %(levelname)s %(me
 LOG_FILE_ONLY = {"log_file_only": True}
 
 
-def setup_logging(exp_dir: str | None = None, level: int = logging.INFO, rank: int | None = None) -> None:
-    """Log to stderr and, with ``exp_dir``, to ``exp_dir/log.txt`` (appended, so resumed runs and several
-    ranks share it); with ``rank``, every line carries it."""
+def setup_logging(
+    exp_dir: str | None = None, level: int = logging.INFO, rank: int | None = None, to_file: bool = True
+) -> None:
+    """Log to stderr and, with ``exp_dir`` and ``to_file`` (``--log_to_file``), to ``exp_dir/log.txt`` (appended,
+    so resumed runs and several ranks share it); with ``rank``, every line carries it. Lines meant for the file only
+    (:data:`LOG_FILE_ONLY`: what the terminal got in a shorter form) never go to stderr."""
     root = logging.getLogger()
     root.setLevel(level)
     for h in list(root.handlers):
         root.removeHandler(h)
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
     handlers[0].addFilter(lambda record: not getattr(record, "log_file_only", False))
-    if exp_dir is not None:
+    if to_file and exp_dir is not None:
         handlers.append(_LogFile(os.path.join(exp_dir, "log.txt")))
     for h in handlers:
         fmt = LOG_FORMAT if rank is None else LOG_FORMAT.replace("[%(processName)s]", f"[rank {rank}][%(processName)s]")
@@ -79,13 +82,14 @@ class TensorBoardSummaries:
     Args:
         exp_dir: the experiment folder. purge_step: drop events at or after this step (on resume),
             so that the curves of a resumed run have no overlap with those of the run that died.
-        wandb_cfg: the run's config when ``with_wandb`` is on, else None.
+        wandb_cfg: the run's config when ``with_wandb`` is on, else None. flush_secs: seconds at most between
+            writes of the event file (``--flush_summaries_interval``).
     """
 
-    def __init__(self, exp_dir: str, purge_step: int | None = None, wandb_cfg=None):
+    def __init__(self, exp_dir: str, purge_step: int | None = None, wandb_cfg=None, flush_secs: int = 30):
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(os.path.join(exp_dir, "tensorboard"), purge_step=purge_step)
+        self.writer = SummaryWriter(os.path.join(exp_dir, "tensorboard"), purge_step=purge_step, flush_secs=flush_secs)
         self.wandb = _init_wandb(wandb_cfg, exp_dir) if wandb_cfg is not None else None
 
     def add(self, scalars: dict[str, float], step: int) -> None:

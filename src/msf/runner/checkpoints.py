@@ -12,7 +12,7 @@ from typing import Sequence
 from msf.cfg.config import Config
 from msf.distributed.topology import RankInfo
 from msf.learning.learner import Learner
-from msf.persistence.checkpoint import BackgroundCheckpointWriter
+from msf.persistence.sf2_checkpoint import checkpoint_writer
 from msf.persistence.train_state import TrainState
 
 
@@ -37,8 +37,9 @@ class Checkpoints:
         start_time: float,
     ):
         self.cfg, self.state, self.learners, self.rank = cfg, state, learners, rank
+        # beside Sample Factory's checkpoints, a writer that never deletes or overwrites them
         self.writers = [
-            BackgroundCheckpointWriter(exp_dir, cfg.keep_checkpoints, cfg.save_best_metric, policy=p)
+            checkpoint_writer(exp_dir, cfg.keep_checkpoints, cfg.save_best_metric, policy=p)
             for p in range(len(learners))
         ]
         self.last_milestone = start_time

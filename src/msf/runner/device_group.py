@@ -36,6 +36,7 @@ from msf.distributed.topology import RankInfo, split_evenly
 from msf.envs.families import remove_engine_files
 from msf.envs.registry import EnvSpaces
 from msf.learning.learner import Learner
+from msf.persistence.sf2_checkpoint import as_msf_checkpoint
 from msf.persistence.summaries import TensorBoardSummaries, setup_logging, write_json_atomic
 from msf.persistence.train_state import TrainState
 from msf.runner.experiment import experiment_dir
@@ -60,6 +61,18 @@ def rank_config(cfg: Config, rank: RankInfo) -> Config:
 
 class RunFailed(RuntimeError):
     """The run ended with ``status: failed`` (the cause is in the message and in the log)."""
+
+
+def failure_line(e: BaseException) -> str:
+    """One line for a failure: the message's first line (who failed), and when that only announces a traceback
+    (``rollout_worker_0 (pid 7) failed:``), the traceback's last line, which names the exception: a launch script's
+    env that failed in its workers used to end with the first part alone."""
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(e).__name__
+    if lines[0].endswith(":") and len(lines) > 1:
+        return f"{lines[0]} {lines[-1]}"
+    return lines[0]
 
 
 class _SignalHandler:
@@ -203,7 +216,7 @@ def run_device_group(cfg: Config, spaces: EnvSpaces, rank: RankInfo, heartbeat: 
     group_cfg = rank_config(cfg, rank)
     derived = Derived.of(group_cfg, spaces.num_agents)
     exp_dir = experiment_dir(cfg)
-    setup_logging(exp_dir, rank=rank.rank if rank.distributed else None)
+    setup_logging(exp_dir, rank=rank.rank if rank.distributed else None, to_file=cfg.log_to_file)
     device = f"cuda:{rank.local_rank}" if cfg.device == "gpu" else "cpu"
     torch.manual_seed(cfg.seed)  # the same on every replica; DDP also broadcasts rank 0's weights
     _set_learner_process(cfg, rank)
@@ -218,7 +231,11 @@ def run_device_group(cfg: Config, spaces: EnvSpaces, rank: RankInfo, heartbeat: 
         cfg.restart_behavior == "resume",
         cfg.learning_rate,
         cfg.stats_avg,
-        exchange=world.newest_state,
+        # a Sample Factory 2.1.1 checkpoint is converted first (msf's pass as they are); the policies' models and
+        # optimisers are alike, so the first learner's serve as the template of every policy's
+        exchange=lambda s: world.newest_state(
+            as_msf_checkpoint(s, learners[0].model, learners[0].optimizer, resume=True)
+        ),
     )
     if _budget_spent(cfg, state, derived):
         return None  # every rank reads the same checkpoint, so every rank returns here: nothing to agree on
@@ -230,7 +247,10 @@ def run_device_group(cfg: Config, spaces: EnvSpaces, rank: RankInfo, heartbeat: 
         w.publish(learner.model, learner.policy_version)
     tb = (
         TensorBoardSummaries(
-            exp_dir, purge_step=state.purge_step(derived.frameskip), wandb_cfg=cfg if cfg.with_wandb else None
+            exp_dir,
+            purge_step=state.purge_step(derived.frameskip),
+            wandb_cfg=cfg if cfg.with_wandb else None,
+            flush_secs=cfg.flush_summaries_interval,
         )
         if rank.is_main
         else None
@@ -261,7 +281,7 @@ def run_device_group(cfg: Config, spaces: EnvSpaces, rank: RankInfo, heartbeat: 
     # only now: a second Ctrl-C during the teardown above must still exit at once
     signals.restore()
     if status == "failed":
-        raise RunFailed(str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__) from error
+        raise RunFailed(failure_line(error)) from error
     return summary
 
 

@@ -12,6 +12,16 @@ import time
 from msf.cfg.config import FIXED_FLAGS, LAUNCH_FLAGS, Config
 from msf.cfg.validation import ConfigError
 from msf.persistence.checkpoint import scan_checkpoints, set_aside
+from msf.persistence.sf2_checkpoint import (
+    MSF_CONFIG,
+    Sf2Refused,
+    as_msf_checkpoint,
+    config_file,
+    config_file_to_write,
+    is_sf2_checkpoint,
+    is_sf2_folder,
+    msf_config_dict,
+)
 from msf.persistence.summaries import write_json_atomic
 
 
@@ -21,7 +31,8 @@ def experiment_dir(cfg: Config) -> str:
 
 def prepare_experiment_dir(cfg: Config) -> str:
     """Create the experiment folder; with ``restart``, move an old one aside to ``NAME_old_<time>``,
-    with ``overwrite``, delete it; write ``config.json``. Return the folder."""
+    with ``overwrite``, delete it; write ``config.json`` (``msf_config.json`` beside a Sample Factory one, which
+    stays as it is). Return the folder."""
     d = experiment_dir(cfg)
     if os.path.isdir(d) and cfg.restart_behavior != "resume":
         if cfg.restart_behavior == "overwrite":
@@ -32,7 +43,7 @@ def prepare_experiment_dir(cfg: Config) -> str:
             os.replace(d, old)
             print(f"msf-train: --restart_behavior=restart: moved the old experiment to {old}", file=sys.stderr)
     os.makedirs(d, exist_ok=True)
-    write_json_atomic(os.path.join(d, "config.json"), cfg.to_dict())
+    write_json_atomic(config_file_to_write(d), cfg.to_dict())
     return d
 
 
@@ -44,10 +55,10 @@ def wait_for_experiment_dir(cfg: Config, recent_s: float = 10.0) -> str:
         RuntimeError: it did not appear in time.
     """
     d = experiment_dir(cfg)
-    path = os.path.join(d, "config.json")
+    paths = [os.path.join(d, "config.json"), os.path.join(d, MSF_CONFIG)]  # the second in a Sample Factory folder
     start = time.time()
     while time.time() - start < cfg.dist_timeout:
-        if os.path.exists(path) and os.path.getmtime(path) >= start - recent_s:
+        if any(os.path.exists(p) and os.path.getmtime(p) >= start - recent_s for p in paths):
             return d
         time.sleep(0.1)
     raise RuntimeError(
@@ -67,14 +78,16 @@ def resume_config(cfg: Config, given: set[str]) -> tuple[Config, list[str]]:
 
     Raises:
         ConfigError: a flag of :data:`msf.cfg.config.FIXED_FLAGS` differs from the saved experiment's; the saved
-            config is unreadable.
+            config is unreadable, or is a Sample Factory one that msf cannot map.
     """
-    path = os.path.join(experiment_dir(cfg), "config.json")
+    path = config_file(experiment_dir(cfg))  # a Sample Factory folder: its config.json converted, or msf's own
     if cfg.restart_behavior != "resume" or not os.path.exists(path):
         return cfg, []
     try:
         with open(path) as f:
-            saved = Config.from_dict(json.load(f)).to_dict()
+            saved = Config.from_dict(msf_config_dict(json.load(f), path, Config)).to_dict()
+    except Sf2Refused as e:
+        raise ConfigError(str(e)) from None
     except (OSError, ValueError, TypeError) as e:
         raise ConfigError(
             f"--experiment: the saved config {path} is unreadable ({e}); use --restart_behavior=restart to start anew"
@@ -113,12 +126,15 @@ def check_checkpoints(cfg: Config, move: bool) -> list[str]:
 
     Raises:
         ConfigError: a policy has checkpoint files and none is readable: resuming would silently start from
-            scratch. Nothing is moved then; ``--restart_behavior=restart`` starts anew.
+            scratch. Nothing is moved then; ``--restart_behavior=restart`` starts anew. Or a Sample Factory
+            checkpoint to resume from cannot be converted (:mod:`msf.persistence.sf2_checkpoint`).
     """
     if cfg.restart_behavior != "resume":
         return []
     exp_dir = experiment_dir(cfg)
     scans = [scan_checkpoints(exp_dir, policy=p) for p in range(cfg.num_policies)]
+    _check_sf2_checkpoints(cfg, [scan.state for scan in scans])
+    move = move and not is_sf2_folder(exp_dir)  # a file there may be Sample Factory's: none is renamed
     unreadable = [bad for scan in scans if scan.state is None for bad in scan.unreadable]
     if unreadable:
         files = "; ".join(f"{path} ({reason})" for path, reason in unreadable)
@@ -134,3 +150,24 @@ def check_checkpoints(cfg: Config, move: bool) -> list[str]:
             aside = f"set aside as {os.path.basename(moved)}; " if moved else ""
             notes.append(f"checkpoint {path} is unreadable ({reason}); {aside}resuming from {scan.state['path']}")
     return notes
+
+
+def _check_sf2_checkpoints(cfg: Config, states: list[dict | None]) -> None:
+    """Convert each Sample Factory checkpoint among the newest ``states`` once, for a model of ``cfg`` (nothing is
+    kept), so that one msf cannot use is refused before anything is spawned or written.
+
+    Raises:
+        ConfigError: it cannot be converted (the line names what could not be mapped).
+    """
+    found = [s for s in states if s is not None and is_sf2_checkpoint(s)]
+    if not found:
+        return
+    from msf.envs.registry import env_config_of, env_spaces
+    from msf.model.actor_critic import ActorCritic
+
+    model = ActorCritic(cfg, env_spaces(cfg.env, env_config_of(cfg)))
+    try:
+        for state in found:
+            as_msf_checkpoint(state, model, resume=True, announce=False)
+    except Sf2Refused as e:
+        raise ConfigError(str(e)) from None

@@ -42,6 +42,7 @@ from msf.persistence.summaries import setup_logging
 from msf.runner.device_group import run_device_group
 from msf.runner.experiment import experiment_dir
 from msf.runner.training_loop import AgreementTimedOut, ComponentFailed, PeerFailed
+from msf.runtime.registrations import restore, snapshot
 from msf.runtime.supervision import (
     become_subreaper,
     children_now,
@@ -168,7 +169,7 @@ def _launch_node(cfg: Config, spaces: EnvSpaces, plan: NodePlan, attempt: int) -
         become_subreaper()
         ctx = mp.start_processes(
             _rank_main,
-            args=(cfg, spaces, plan, attempt, errors),
+            args=(cfg, spaces, plan, attempt, errors, snapshot()),
             nprocs=cfg.nproc_per_node,
             join=False,
             start_method="spawn",
@@ -281,13 +282,22 @@ def _start_up_interrupted(procs: list[Any]) -> bool:
     return any(p.exitcode in (INTERRUPTED_EXIT, -signal.SIGTERM) for p in procs)
 
 
-def _rank_main(local_rank: int, cfg: Config, spaces: EnvSpaces, plan: NodePlan, attempt: int, errors: Any) -> None:
+def _rank_main(
+    local_rank: int,
+    cfg: Config,
+    spaces: EnvSpaces,
+    plan: NodePlan,
+    attempt: int,
+    errors: Any,
+    registered: Any = None,
+) -> None:
     """The target of a spawned rank process: :func:`_rank_process`, whose start-up a SIGINT or SIGTERM ends with
     exit code :data:`INTERRUPTED_EXIT`.
 
     The rank starts with SIGINT ignored (:func:`msf.runtime.supervision.use_quiet_executable`); from here until
     its device group installs its own handler (just before it spawns its workers) either signal raises
-    ``KeyboardInterrupt``, whatever the rank inherited. (torch's wrapper around this function would take a
+    ``KeyboardInterrupt``, whatever the rank inherited. ``registered``: the launcher's registrations
+    (:mod:`msf.runtime.registrations`). (torch's wrapper around this function would take a
     ``KeyboardInterrupt`` for a clean exit, code 0.) A launcher that died while this process was starting
     ended it the same way: its death signal (torch's ``PR_SET_PDEATHSIG``, SIGINT) came while SIGINT was ignored.
     """
@@ -295,6 +305,7 @@ def _rank_main(local_rank: int, cfg: Config, spaces: EnvSpaces, plan: NodePlan, 
 
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
+    restore(registered)  # the launcher's registrations (a script's main() may have made them), and on to workers
     try:
         launcher = multiprocessing.parent_process()
         if launcher is not None and os.getppid() != launcher.pid:
@@ -324,7 +335,7 @@ def _rank_process(local_rank: int, cfg: Config, spaces: EnvSpaces, plan: NodePla
         node_rank=plan.node_rank,
         nnodes=plan.nnodes,
     )
-    setup_logging(experiment_dir(cfg), rank=rank.rank)
+    setup_logging(experiment_dir(cfg), rank=rank.rank, to_file=cfg.log_to_file)
     if cfg.device == "gpu":
         # before any CUDA state exists in this process: everything after lands on this rank's GPU
         torch.cuda.set_device(local_rank)

@@ -44,6 +44,45 @@ class PolicyReport:
     empty_batches: int = 0
 
 
+class StallWatch:
+    """Sample Factory's heartbeat, mapped onto msf's supervision. A dead or failed worker ends the run at once
+    (:func:`msf.runner.training_loop.poll_children`); a worker that is alive but stepping nothing is only seen
+    here: once the learner has waited for trajectories for ``interval`` seconds without a break (after the
+    start-up), the rollout workers whose split-step count did not move during that wait are stalled, reported at
+    most every ``reporting_interval`` seconds.
+
+    Args:
+        interval: ``--heartbeat_interval`` (s). reporting_interval: ``--heartbeat_reporting_interval`` (s).
+    """
+
+    def __init__(self, interval: float, reporting_interval: float):
+        self.interval, self.reporting_interval = interval, reporting_interval
+        self.steps: list[int] | None = None  # each worker's count when the learner's wait began
+        self.since = 0.0
+        self.warned = -float("inf")
+
+    def check(
+        self, now: float, steps: list[int], learner_waiting: bool, started: bool
+    ) -> tuple[list[int], float] | None:
+        """``(stalled workers, seconds the learner has waited)`` when a report is due, else None.
+
+        Args:
+            now: the clock (s). steps: each rollout worker's split steps so far. learner_waiting: this pass found
+                no batch to train on. started: every env of the device group has started.
+        """
+        if not learner_waiting or not started or self.steps is None:
+            self.steps, self.since = (list(steps) if learner_waiting and started else None), now
+            return None
+        waited = now - self.since
+        if waited < self.interval or now - self.warned < self.reporting_interval:
+            return None
+        stalled = [i for i, (a, b) in enumerate(zip(steps, self.steps)) if a == b]
+        if not stalled:
+            return None
+        self.warned = now
+        return stalled, waited
+
+
 class Reporter:
     """The device group's reports (see the module docstring).
 
@@ -89,6 +128,7 @@ class Reporter:
         # the start-up of this group's envs (:meth:`startup_progress`): seconds until every one had started
         self.envs_started_after_s: float | None = None
         self.startup_noted = start_time
+        self.stall_watch = StallWatch(cfg.heartbeat_interval, cfg.heartbeat_reporting_interval)
         self.progress = Progress(cfg.train_for_env_steps, cfg.with_progress_bar and rank.is_main, initial=self.frames)
 
     @property
@@ -169,6 +209,28 @@ class Reporter:
                 len(self.rollout_wait),
                 now - self.start_time,
             )
+
+    def stalled_workers(self, learner_waiting: bool) -> str | None:
+        """Sample Factory's heartbeat on msf's counters (:class:`StallWatch`): log and return the warning that
+        names this device group's stalled rollout workers, if one is due."""
+        stalled = self.stall_watch.check(
+            self.clock(), [c.steps for c in self.rollout_wait], learner_waiting, self.envs_started_after_s is not None
+        )
+        if stalled is None:
+            return None
+        workers, waited = stalled
+        msg = (
+            f"rollout worker(s) {', '.join(map(str, workers))} of this device group stepped no env in the last "
+            f"{waited:.0f} s, while the learner waited for trajectories (--heartbeat_interval="
+            f"{self.cfg.heartbeat_interval}): an env that hangs, or a machine too busy to run them"
+            + (
+                " (with --async_rl=False, workers that wrote their share wait for the others)"
+                if not self.cfg.async_rl
+                else ""
+            )
+        )
+        log.warning("%s", msg)
+        return msg
 
     def show_progress(self) -> None:
         """Rank 0 moves the progress bar (a terminal only)."""

@@ -300,7 +300,9 @@ class TrainingLoop:
         self.reporter.startup_progress()
         now = time.monotonic()
         time_spent = now - self.start_time >= self.cfg.train_for_seconds
-        if all(b is None for b in batches) and failure is None and self.stop_reason is None and not time_spent:
+        idle = all(b is None for b in batches)
+        self.reporter.stalled_workers(learner_waiting=idle)
+        if idle and failure is None and self.stop_reason is None and not time_spent:
             self.reporter.learner_wait += time.monotonic() - pass_start
             return False  # nothing to agree on yet: a replica enters the agreement with a batch, or to stop
         d = self._agree(failure is not None, now, time_spent, batches)

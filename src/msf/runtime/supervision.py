@@ -23,6 +23,8 @@ from typing import Any, Callable
 
 import torch.multiprocessing as mp
 
+from msf.runtime.registrations import restore, snapshot
+
 CTX = mp.get_context("spawn")
 log = logging.getLogger("msf")
 
@@ -36,11 +38,14 @@ class ComponentFailure:
     traceback: str
 
 
-def _child_main(target: Callable[..., None], name: str, failures: Queue, log_level: int, args: tuple) -> None:
+def _child_main(
+    target: Callable[..., None], name: str, failures: Queue, log_level: int, args: tuple, registered: Any = None
+) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _lead_own_process_group()
     logging.basicConfig(level=log_level, format=f"[%(asctime)s][{name}][pid {os.getpid()}] %(message)s")
     try:
+        restore(registered)  # the parent's registrations (envs, encoders), before anything looks them up
         target(*args)
     except BaseException:  # noqa: BLE001 - the whole point is to report anything
         tb = traceback.format_exc()
@@ -140,7 +145,10 @@ def spawn(target: Callable[..., None], name: str, failures: Queue, *args: Any) -
     at any depth); ``failures`` (a queue of ``CTX``) receives a :class:`ComponentFailure` if ``target``
     raises."""
     p = CTX.Process(
-        target=_child_main, args=(target, name, failures, log.getEffectiveLevel(), args), name=name, daemon=True
+        target=_child_main,
+        args=(target, name, failures, log.getEffectiveLevel(), args, snapshot()),
+        name=name,
+        daemon=True,
     )
     use_quiet_executable()
     p.start()

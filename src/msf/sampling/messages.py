@@ -85,11 +85,13 @@ class InferenceCounters(_SharedCounters):
 
 class RolloutCounters(_SharedCounters):
     """What one rollout worker has done so far, in shared memory: seconds waiting for actions or a free slot,
-    and envs made and started (the start-up's progress, which the training loop reports).
+    envs made and started (the start-up's progress, which the training loop reports) and split steps.
 
     Args:
-        shared: a ``[3]`` float64 tensor (None: allocate one in shared memory).
+        shared: a ``[4]`` float64 tensor (None: allocate one in shared memory).
     """
+
+    SIZE = 4
 
     def add_wait(self, seconds: float) -> None:
         self._v[0] += seconds
@@ -97,6 +99,14 @@ class RolloutCounters(_SharedCounters):
     @property
     def wait_seconds(self) -> float:
         return float(self._v[0])
+
+    def add_step(self) -> None:
+        """One more step of one split (its sign of life: ``--heartbeat_interval``)."""
+        self._v[3] += 1
+
+    @property
+    def steps(self) -> int:
+        return int(self._v[3])
 
     def add_env(self, stage: str) -> None:
         """One more env ``"made"`` or ``"started"`` (first reset done)."""

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import queue
 import time
 from multiprocessing.connection import wait
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -173,6 +174,14 @@ class RolloutWorker:
             self.request(split)
         return bool(parked)
 
+    def wait_or_stop(self, seconds: float) -> bool:
+        """Wait ``seconds`` (before the first step); False, at once, when the run stops meanwhile."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            if self.stop_event.wait(min(0.5, left)) or not parent_alive(self.parent_pid):
+                return False
+        return True
+
     def _check_stop(self) -> None:
         if self.stop_event.is_set() or not parent_alive(self.parent_pid):
             raise Stopped
@@ -251,6 +260,7 @@ class RolloutWorker:
         if self.action_bounds is not None:
             actions = np.clip(actions, *self.action_bounds)
         next_obs, rew, term, trunc = self.splits[split].step(actions)
+        self.counters.add_step()
         ended = term | trunc
         done = ended.astype(np.uint8)
         tout = (trunc & ~term).astype(np.uint8)
@@ -366,8 +376,38 @@ def rollout_worker_main(spec: RolloutWorkerSpec) -> None:
     if spec.cfg.num_workers > 1:  # the envs it starts (ViZDoom's engine processes) inherit the niceness
         log.info("rollout worker %d runs at niceness %d", spec.index, raise_niceness(ROLLOUT_NICENESS))
     torch.set_num_threads(1)
+    cfg = spec.cfg
+    if cfg.force_envs_single_thread:  # the libraries the envs load from here on start with one thread each
+        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ[var] = "1"
     try:
         worker = RolloutWorker(spec)
     except Stopped:  # the run stopped while the envs were being made (they are closed)
         return
-    worker.run()
+    delay = decorrelation_delay(cfg, spec.first_worker + spec.index)
+    if delay > 0:
+        log.info(
+            "rollout worker %d waits %.1f s before its first step (--decorrelate_experience_max_seconds)",
+            spec.index,
+            delay,
+        )
+        if not worker.wait_or_stop(delay):
+            worker.close()
+            return
+    if cfg.force_envs_single_thread:
+        from threadpoolctl import threadpool_limits
+
+        with threadpool_limits(limits=1):  # and those already loaded (OpenMP, BLAS) are limited too
+            worker.run()
+    else:
+        worker.run()
+
+
+def decorrelation_delay(cfg: Any, job_worker: int) -> float:
+    """Seconds job-wide rollout worker ``job_worker`` waits before its first step: ``i / n x
+    --decorrelate_experience_max_seconds`` of ``n`` workers in the job (Sample Factory's rule); 0 with
+    ``--benchmark``."""
+    if cfg.benchmark or cfg.decorrelate_experience_max_seconds <= 0:
+        return 0.0
+    total = cfg.num_workers * max(1, int(getattr(cfg, "nnodes", 1)))
+    return job_worker / total * cfg.decorrelate_experience_max_seconds

@@ -1,0 +1,48 @@
+"""What a process has registered (envs, encoders, declared spaces), carried to the processes it spawns.
+
+msf starts its ranks and workers with ``spawn``: a child imports the modules it needs anew, so a registration
+made at import of a module reaches it, and one made in a script's ``main()`` does not (Sample Factory's launch
+scripts register in ``main()``: its processes receive its registries pickled). Every registry of msf is a named
+dict of this module (:func:`registry`); :func:`snapshot` gives the entries that pickle (functions and classes by
+reference, including those of the script run as ``__main__``, which a spawned child imports again), and
+:func:`restore`, called first in every child msf spawns, adds them there.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+_REGISTRIES: dict[str, dict[str, Any]] = {}
+
+
+def registry(kind: str) -> dict[str, Any]:
+    """The registry ``kind`` (``"env"``, ``"encoder"``, ...): one dict per kind and process."""
+    return _REGISTRIES.setdefault(kind, {})
+
+
+def snapshot() -> dict[str, dict[str, bytes]]:
+    """Every entry of every registry that pickles, pickled (a lambda does not: it is left out, and reaches a
+    child only if the module that registers it is imported there)."""
+    out: dict[str, dict[str, bytes]] = {}
+    for kind, entries in _REGISTRIES.items():
+        for name, value in entries.items():
+            try:
+                out.setdefault(kind, {})[name] = pickle.dumps(value)
+            except Exception:  # noqa: BLE001 - unpicklable (a lambda, a local function): left out
+                continue
+    return out
+
+
+def restore(snap: dict[str, dict[str, bytes]] | None) -> None:
+    """Add the entries of a :func:`snapshot` that this process does not have yet (an entry that cannot be
+    unpickled here is skipped: using it raises the registry's own "not registered" error)."""
+    for kind, entries in (snap or {}).items():
+        target = registry(kind)
+        for name, blob in entries.items():
+            if name in target:
+                continue
+            try:
+                target[name] = pickle.loads(blob)
+            except Exception:  # noqa: BLE001 - e.g. a module this child cannot import
+                continue
