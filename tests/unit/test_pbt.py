@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+import torch
 
 from msf.learning.pbt import PBT_HYPERPARAMETERS, pbt_decision, perturb
 
@@ -51,3 +52,145 @@ def test_perturb_multiplies_or_divides_within_the_factor_range_and_clips():
     assert perturb(H, rng, 0.0, 1.1, 1.5) == pytest.approx(H)
     big = perturb({**H, "ppo_clip_ratio": 0.99}, np.random.default_rng(3), 1.0, 2.0, 2.0)
     assert big["ppo_clip_ratio"] <= PBT_HYPERPARAMETERS["ppo_clip_ratio"][1]
+
+
+# --- --pbt_optimize_gamma ---
+
+
+def test_pbt_hyperparameters_hold_gamma_only_with_the_flag():
+    from msf.learning.pbt import GAMMA_RANGE, pbt_hyperparameters
+
+    assert "gamma" not in pbt_hyperparameters(False) and pbt_hyperparameters(False) == PBT_HYPERPARAMETERS
+    assert pbt_hyperparameters(True) == {**PBT_HYPERPARAMETERS, "gamma": (0.9, 0.9999)} and GAMMA_RANGE == (0.9, 0.9999)
+    assert list(pbt_hyperparameters(True))[-1] == "gamma"  # last: the other keys' random draws are unchanged
+
+
+def test_gamma_is_perturbed_through_one_minus_gamma_and_kept_in_bounds():
+    rng = np.random.default_rng(0)
+    up = down = 0
+    for _ in range(400):
+        # --pbt_perturb_min/max (here 2.0) do not apply to gamma: Sample Factory's factor in [1.01, 1.2]
+        out = perturb({**H, "gamma": 0.99}, rng, 1.0, 2.0, 2.0)
+        f = (1.0 - out["gamma"]) / (1.0 - 0.99)  # the factor on 1 - gamma (on the effective horizon's inverse)
+        assert 1.01 - 1e-9 <= f <= 1.2 + 1e-9 or 1 / 1.2 - 1e-9 <= f <= 1 / 1.01 + 1e-9, f
+        up += f < 1  # 1 - gamma smaller: gamma larger
+        down += f > 1
+        for k in H:  # the others by the factor of 2 they were given
+            assert out[k] / H[k] == pytest.approx(2.0) or out[k] / H[k] == pytest.approx(0.5)
+    assert up > 150 and down > 150
+    # a random walk of many rounds stays in [0.9, 0.9999], and reaches both ends
+    lo_seen = hi_seen = False
+    for start in (0.9, 0.9999):
+        g = start
+        for _ in range(2000):
+            g = perturb({"gamma": g}, rng, 1.0, 1.1, 1.5)["gamma"]
+            assert 0.9 <= g <= 0.9999
+            lo_seen |= g == 0.9
+            hi_seen |= g == 0.9999
+    assert lo_seen and hi_seen
+    assert perturb({**H, "gamma": 0.97}, rng, 0.0, 1.1, 1.5)["gamma"] == 0.97  # rate 0: unchanged
+
+
+def _pbt_rig(optimize_gamma: bool):
+    from msf.cfg.config import Config, Derived
+    from msf.distributed.collectives import Collectives
+    from msf.envs.registry import EnvSpaces
+    from msf.learning.learner import Learner
+    from msf.persistence.train_state import TrainState
+    from msf.runner.pbt_round import PbtRounds
+    from msf.sampling.published_weights import PublishedWeights
+
+    cfg = Config(
+        encoder_mlp_layers=[8],
+        batch_size=8,
+        rollout=4,
+        num_workers=1,
+        num_envs_per_worker=2,
+        num_policies=2,
+        with_pbt=True,
+        pbt_optimize_gamma=optimize_gamma,
+        pbt_mutation_rate=1.0,
+        pbt_start_mutation=0,
+        gamma=0.99,
+        seed=3,
+    )
+    spaces = EnvSpaces((3,), np.float32, True, 2)
+    torch.manual_seed(0)
+    learners = [Learner(cfg, Derived.of(cfg), spaces, "cpu") for _ in range(2)]
+    weights = [PublishedWeights(lr.model) for lr in learners]
+    rounds = PbtRounds(cfg, TrainState.fresh(2, 10), learners, weights, Collectives(), True, 0)
+    return cfg, spaces, learners, rounds
+
+
+def _replace_worst(rounds, learners):
+    """One PBT decision (policy 0 worse than policy 1 by far) applied as ``PbtRounds.run`` applies it."""
+    objectives = [0.0, 100.0]
+    names = list(learners[0].hyperparameters())
+    table = rounds._decide(objectives, names)
+    assert int(table[0, 0]) == 1 and int(table[1, 0]) == -1  # policy 0 takes policy 1's weights
+    rounds._replace(0, 1, dict(zip(names, table[0, 1:].tolist())), objectives, 0)
+    return names
+
+
+def _advantages(learner, seed=0):
+    B, T = learner.derived.trajectories_per_iteration, learner.cfg.rollout
+    g = torch.Generator().manual_seed(seed)
+    batch = {
+        "obs": torch.randn(B, T + 1, 3, generator=g),
+        "actions": torch.randint(0, 2, (B, T), generator=g),
+        "log_probs": torch.full((B, T), -0.7),
+        "values": torch.randn(B, T, generator=g),
+        "rewards": torch.randn(B, T, generator=g),
+        "dones": torch.zeros(B, T, dtype=torch.uint8),
+        "time_outs": torch.zeros(B, T, dtype=torch.uint8),
+        "policy_versions": torch.zeros(B, T, dtype=torch.int64),
+    }
+    return learner._prepare(batch)["advantages"]
+
+
+def test_with_the_flag_pbt_changes_gamma_and_the_learner_discounts_with_it():
+    import dataclasses
+
+    from msf.cfg.config import Derived
+    from msf.learning.learner import Learner
+
+    cfg, spaces, learners, rounds = _pbt_rig(True)
+    names = _replace_worst(rounds, learners)
+    assert names[-1] == "gamma"
+    new_gamma = learners[0].cfg.gamma
+    assert new_gamma != 0.99 and 0.9 <= new_gamma <= 0.9999
+    f = (1 - new_gamma) / 0.01
+    assert 1.01 - 1e-9 <= f <= 1.2 + 1e-9 or 1 / 1.2 - 1e-9 <= f <= 1 / 1.01 + 1e-9
+    assert learners[1].cfg.gamma == 0.99 == cfg.gamma  # the donor and the run's config keep theirs
+    assert rounds.state.pbt_replacements[-1]["hyperparameters"]["gamma"] == new_gamma
+    # the recipient's advantages are those of a learner built with that gamma, not the run's
+    twin_cfg = dataclasses.replace(cfg, **learners[0].hyperparameters())
+    twin = Learner(twin_cfg, Derived.of(twin_cfg), spaces, "cpu")
+    twin.model.load_state_dict(learners[0].model.state_dict())
+    other = Learner(cfg, Derived.of(cfg), spaces, "cpu")
+    other.model.load_state_dict(learners[0].model.state_dict())
+    adv, adv_twin, adv_run = _advantages(learners[0]), _advantages(twin), _advantages(other)
+    assert torch.equal(adv, adv_twin)
+    assert (adv - adv_run).abs().max() > 1e-4
+    # a checkpoint keeps the policy's gamma; a resume without the flag discounts with the run's
+    state = learners[0].state_dict()
+    assert state["hyperparameters"]["gamma"] == new_gamma
+    resumed = Learner(cfg, Derived.of(cfg), spaces, "cpu")
+    resumed.load_state_dict(state)
+    assert resumed.cfg.gamma == new_gamma
+    no_flag = dataclasses.replace(cfg, pbt_optimize_gamma=False)
+    resumed = Learner(no_flag, Derived.of(no_flag), spaces, "cpu")
+    resumed.load_state_dict(state)
+    assert resumed.cfg.gamma == 0.99 and resumed.cfg.learning_rate == state["hyperparameters"]["learning_rate"]
+
+
+def test_without_the_flag_pbt_never_changes_gamma():
+    cfg, _, learners, rounds = _pbt_rig(False)
+    assert "gamma" not in learners[0].hyperparameters()
+    for _ in range(20):  # mutation rate 1: every other hyperparameter moves, gamma never
+        before = learners[0].hyperparameters()
+        rounds.state.pbt_round += 1
+        _replace_worst(rounds, learners)
+        after = learners[0].hyperparameters()
+        assert all(after[k] != before[k] or k == "exploration_loss_coeff" for k in before)
+        assert learners[0].cfg.gamma == learners[1].cfg.gamma == 0.99

@@ -7,6 +7,7 @@ buffer and publishes the weights after each SGD step through ``on_sgd_step``.
 
 from __future__ import annotations
 
+import logging
 from typing import Callable
 
 import torch
@@ -17,11 +18,21 @@ from msf.cfg.config import Config, Derived
 from msf.distributed.collectives import Collectives
 from msf.envs.registry import EnvSpaces
 from msf.learning.advantages import apply_value_bootstrap, gae, vtrace
-from msf.learning.losses import approx_kl, clipped_value_loss, ppo_policy_loss, symmetric_kl_to_uniform
+from msf.learning.losses import (
+    approx_kl,
+    categorical_kl,
+    clipped_value_loss,
+    fixed_kl_loss,
+    gaussian_kl,
+    ppo_policy_loss,
+    symmetric_kl_to_uniform,
+)
 from msf.learning.lr_schedule import KlAdaptiveLR
+from msf.learning.optimizers import make_optimizer
 from msf.model.actor_critic import ActorCritic
 
 Batch = dict[str, torch.Tensor]
+log = logging.getLogger("msf")
 
 
 def _no_forward_buffer_sync() -> dict[str, bool]:
@@ -74,9 +85,8 @@ class Learner:
             if self.collectives.distributed
             else None
         )
-        self.optimizer = torch.optim.Adam(
-            self.model.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps, betas=(cfg.adam_beta1, cfg.adam_beta2)
-        )
+        # --optimizer: Adam or LAMB, over the model's parameters (DDP averages their gradients before the step)
+        self.optimizer = make_optimizer(cfg, self.model.parameters())
         self.lr_schedule = (
             None
             if cfg.lr_schedule in ("constant", "linear_decay")
@@ -197,16 +207,35 @@ class Learner:
         else:
             exploration = -cfg.exploration_loss_coeff * entropy
         loss = policy_loss + cfg.value_loss_coeff * value_loss + exploration
+        if cfg.kl_loss_coeff > 0:
+            behaviour = mb["action_params"].reshape(b * T, -1)
+            kl_loss = fixed_kl_loss(self._kl_to_behaviour(action_params, behaviour), cfg.kl_loss_coeff, weights)
+            loss = loss + kl_loss
+        else:
+            kl_loss = torch.zeros((), device=loss.device)
         kl = approx_kl(log_probs.detach()[vb], old_log_probs[vb]) if bool(vb.any()) else torch.zeros(())
         stats = {
             "policy_loss": policy_loss.detach(),
             "value_loss": value_loss.detach(),
             "entropy": entropy.detach(),
             "kl": kl,
+            "kl_loss": kl_loss.detach(),
             "loss": loss.detach(),
             "valid": vb.sum().double(),
         }
         return loss, stats
+
+    def _kl_to_behaviour(self, action_params: torch.Tensor, behaviour: torch.Tensor) -> torch.Tensor:
+        """``[N]`` ``KL(pi || pi_behaviour)`` per sample, the direction of Sample Factory's fixed KL loss, between the
+        distributions of the model's ``[N, P]`` action parameters and the behaviour policy's, recorded by the
+        inference workers (``action_params``: logits, or Gaussian means and log standard deviations, whose
+        standard deviations both go through :meth:`ActorCritic.gaussian`'s clamp, as the policy's do)."""
+        model = self.model
+        if model.spaces.discrete:
+            return categorical_kl(action_params, behaviour, model.nvec)
+        means, std = model.gaussian(action_params)
+        old_means, old_std = model.gaussian(behaviour)
+        return gaussian_kl(means, std.log(), old_means, old_std.log())
 
     def train(self, batch: Batch, on_sgd_step: Callable[[nn.Module, int], None] | None = None) -> dict[str, float]:
         """One training iteration: ``num_epochs`` passes of ``num_batches_per_epoch`` minibatches.
@@ -216,11 +245,13 @@ class Learner:
                 ``values``, ``rewards``, ``dones``, ``time_outs`` ``[B, T]`` (behaviour log-probs and
                 values in value-head units, raw rewards, episode ends, time-outs); optionally ``valids``
                 ``[B, T]`` (0: the sample is masked out of the losses and statistics), with ``B`` a multiple
-                of ``num_batches_per_epoch``.
+                of ``num_batches_per_epoch``; with ``kl_loss_coeff > 0`` also ``action_params`` ``[B, T, P]``,
+                the behaviour policy's action-distribution parameters (see :meth:`ActorCritic.forward`).
             on_sgd_step: called after each SGD step with the model and the new policy version.
 
         Returns:
-            mean losses, entropy, KL, gradient norm and learning rate over the iteration.
+            mean losses (``kl_loss``: the fixed KL penalty, 0 when off), entropy, KL, gradient norm and learning
+            rate over the iteration.
         """
         cfg = self.cfg
         b = self._prepare(batch)
@@ -266,14 +297,16 @@ class Learner:
         return out
 
     def hyperparameters(self) -> dict[str, float]:
-        """This policy's values of the hyperparameters PBT perturbs (:data:`msf.learning.pbt.PBT_HYPERPARAMETERS`);
+        """This policy's values of the hyperparameters PBT perturbs (:func:`msf.learning.pbt.pbt_hyperparameters`:
+        :data:`~msf.learning.pbt.PBT_HYPERPARAMETERS`, and ``gamma`` with ``--pbt_optimize_gamma``);
         ``learning_rate`` is the base of the lr schedule."""
-        from msf.learning.pbt import PBT_HYPERPARAMETERS
+        from msf.learning.pbt import pbt_hyperparameters
 
-        return {k: float(getattr(self.cfg, k)) for k in PBT_HYPERPARAMETERS}
+        return {k: float(getattr(self.cfg, k)) for k in pbt_hyperparameters(self.cfg.pbt_optimize_gamma)}
 
     def set_hyperparameters(self, hyper: dict[str, float]) -> None:
-        """Adopt ``hyper`` (see :meth:`hyperparameters`): the lr now, and as the base of its schedule."""
+        """Adopt ``hyper`` (see :meth:`hyperparameters`): the lr now, and as the base of its schedule; the others
+        (``gamma`` among them) through ``self.cfg``, which the losses and advantages read at every iteration."""
         import dataclasses
 
         self.cfg = dataclasses.replace(self.cfg, **hyper)
@@ -291,26 +324,40 @@ class Learner:
         self.train_step += 1
 
     def state_dict(self) -> dict:
-        """Everything needed to resume: model (with normalisers), optimiser, step, lr, PBT's hyperparameters."""
+        """Everything needed to resume: model (with normalisers), optimiser (and which: ``--optimizer``), step, lr,
+        PBT's hyperparameters."""
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
+            "optimizer_name": self.cfg.optimizer,
             "train_step": self.train_step,
             "lr": self.lr,
             "hyperparameters": self.hyperparameters(),
         }
 
     def load_state_dict(self, state: dict) -> None:
-        """Resume from a checkpoint's state (see :meth:`state_dict`).
+        """Resume from a checkpoint's state (see :meth:`state_dict`). The optimiser's state is taken only when the
+        checkpoint's optimiser is this run's ``--optimizer`` (one without ``optimizer_name`` was Adam's); after a
+        change the new optimiser starts from fresh moments, with a warning.
 
         Raises:
             RuntimeError: the checkpoint does not fit the model (torch's message).
         """
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        saved = state.get("optimizer_name", "adam")
+        if saved == self.cfg.optimizer:
+            self.optimizer.load_state_dict(state["optimizer"])
+        else:
+            log.warning(
+                "the checkpoint's optimiser is %s, this run's --optimizer is %s: its state starts afresh",
+                saved,
+                self.cfg.optimizer,
+            )
         self.train_step = int(state["train_step"])
         if self.cfg.with_pbt and state.get("hyperparameters"):  # a policy's own, after PBT changed them
-            self.set_hyperparameters({k: float(v) for k, v in state["hyperparameters"].items()})
+            # only those PBT perturbs in this run (a gamma saved by a run with --pbt_optimize_gamma stays unused)
+            names = self.hyperparameters()
+            self.set_hyperparameters({k: float(v) for k, v in state["hyperparameters"].items() if k in names})
         self._set_lr(float(state["lr"]))
         if self.lr_schedule is not None:
             self.lr_schedule.lr = self.lr

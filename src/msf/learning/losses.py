@@ -1,4 +1,4 @@
-"""PPO-clip losses. Pure tensor functions over ``[N]`` samples."""
+"""PPO-clip losses, the fixed KL penalty and the exploration terms. Pure tensor functions over ``[N]`` samples."""
 
 from __future__ import annotations
 
@@ -88,3 +88,60 @@ def symmetric_kl_to_uniform(logits: torch.Tensor, nvec: tuple[int, ...] | None =
         log_u = -math.log(n)
         total = total + 0.5 * ((log_p.exp() * (log_p - log_u)).sum(-1) + ((log_u - log_p) / n).sum(-1))
     return total
+
+
+def categorical_kl(logits: torch.Tensor, old_logits: torch.Tensor, nvec: tuple[int, ...] | None = None) -> torch.Tensor:
+    """``KL(pi || pi_old) = sum_a pi_a (log pi_a - log pi_old_a)`` between the categorical distributions of
+    ``logits`` (the policy being trained) and ``old_logits`` (the behaviour policy): the direction Sample
+    Factory's fixed KL loss takes (``action_distribution.kl_divergence(old_action_distribution)``).
+
+    Args:
+        logits, old_logits: ``[N, sum(nvec)]`` unnormalised log-probabilities (``[N, n]`` for one categorical;
+            masked actions at -1e9 in both contribute 0).
+        nvec: sizes of independent categoricals (a ``MultiDiscrete`` action), whose divergences are summed;
+            None: one categorical.
+
+    Returns:
+        ``[N]`` divergences (nats).
+    """
+    sizes = list(nvec) if nvec is not None else [logits.shape[-1]]
+    total = torch.zeros(logits.shape[:-1], dtype=logits.dtype, device=logits.device)
+    for new, old in zip(torch.split(logits, sizes, dim=-1), torch.split(old_logits, sizes, dim=-1)):
+        log_p, log_q = torch.log_softmax(new, dim=-1), torch.log_softmax(old, dim=-1)
+        total = total + (log_p.exp() * (log_p - log_q)).sum(-1)
+    return total
+
+
+def gaussian_kl(
+    means: torch.Tensor, log_std: torch.Tensor, old_means: torch.Tensor, old_log_std: torch.Tensor
+) -> torch.Tensor:
+    """``KL(N(mu, s^2) || N(mu_old, s_old^2))`` of diagonal Gaussians, summed over the action dimensions:
+    ``sum_i log(s_old_i / s_i) + (s_i^2 + (mu_i - mu_old_i)^2) / (2 s_old_i^2) - 1/2`` (the current policy
+    first, as in :func:`categorical_kl`).
+
+    Args:
+        means, old_means: ``[N, A]``. log_std, old_log_std: natural logs of the standard deviations, ``[N, A]``
+            or broadcastable to it (a state-independent ``[A]``).
+
+    Returns:
+        ``[N]`` divergences (nats).
+    """
+    var_ratio = torch.exp(2.0 * (log_std - old_log_std))
+    mahalanobis = (means - old_means).square() * torch.exp(-2.0 * old_log_std)
+    per_dim = (old_log_std - log_std) + 0.5 * (var_ratio + mahalanobis - 1.0)
+    return per_dim.sum(-1)
+
+
+def fixed_kl_loss(kl: torch.Tensor, coeff: float, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """The fixed KL penalty of Schulman et al. 2017 ("Proximal Policy Optimization Algorithms", eq. 8 with a
+    fixed ``beta = coeff``): ``coeff x mean(KL)`` over the valid samples, as Sample Factory's ``--kl_loss_coeff``
+    adds it to the PPO-clip loss (there with the mean over the unmasked samples).
+
+    Args:
+        kl: ``[N]`` per-sample divergences (:func:`categorical_kl` / :func:`gaussian_kl`). weights: as in
+            :func:`ppo_policy_loss`.
+
+    Returns:
+        scalar loss.
+    """
+    return coeff * _reduce(kl, weights)

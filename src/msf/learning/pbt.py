@@ -20,6 +20,17 @@ PBT_HYPERPARAMETERS: dict[str, tuple[float, float]] = {
     "value_loss_coeff": (1e-3, 10.0),
     "ppo_clip_ratio": (0.01, 1.0),
 }
+# --pbt_optimize_gamma: the discount too, kept in this range (msf's; Sample Factory only keeps it >= 1e-8,
+# and below 1 by construction) and perturbed through 1 - gamma by a factor from this range (Sample Factory's
+# perturb_exponential_decay, whatever --pbt_perturb_min/max say: a discount should move slowly)
+GAMMA_RANGE = (0.9, 0.9999)
+GAMMA_PERTURB_FACTOR = (1.01, 1.2)
+
+
+def pbt_hyperparameters(optimize_gamma: bool) -> dict[str, tuple[float, float]]:
+    """The hyperparameters a run's PBT perturbs, in order, with their ranges: :data:`PBT_HYPERPARAMETERS`,
+    then ``gamma`` (:data:`GAMMA_RANGE`) with ``optimize_gamma`` (``--pbt_optimize_gamma``)."""
+    return {**PBT_HYPERPARAMETERS, "gamma": GAMMA_RANGE} if optimize_gamma else dict(PBT_HYPERPARAMETERS)
 
 
 @dataclass(frozen=True)
@@ -34,13 +45,22 @@ class Replacement:
 
 def perturb(hyper: dict[str, float], rng: np.random.Generator, rate: float, lo: float, hi: float) -> dict[str, float]:
     """Each value, with probability ``rate``, multiplied or divided (even odds) by a factor drawn uniformly
-    from ``[lo, hi]``, then clipped to its range in :data:`PBT_HYPERPARAMETERS`."""
+    from ``[lo, hi]``, then clipped to its range (:func:`pbt_hyperparameters`). ``gamma``, where ``hyper`` has
+    it, is perturbed as Sample Factory perturbs it: ``1 - gamma`` multiplied or divided by a factor drawn from
+    :data:`GAMMA_PERTURB_FACTOR`, so that ``gamma = 0.99`` moves to ``1 - 0.01 f^(+-1)`` (an effective horizon
+    ``1 / (1 - gamma)`` scaled by at most 1.2), then clipped to :data:`GAMMA_RANGE`. A key outside both
+    raises KeyError."""
+    ranges = pbt_hyperparameters(True)
     out = {}
     for k, v in hyper.items():
         if rng.random() < rate:
-            f = rng.uniform(lo, hi)
-            v = v * f if rng.random() < 0.5 else v / f
-        a, b = PBT_HYPERPARAMETERS[k]
+            if k == "gamma":
+                f = rng.uniform(*GAMMA_PERTURB_FACTOR)
+                v = 1.0 - ((1.0 - v) * f if rng.random() < 0.5 else (1.0 - v) / f)
+            else:
+                f = rng.uniform(lo, hi)
+                v = v * f if rng.random() < 0.5 else v / f
+        a, b = ranges[k]
         out[k] = float(min(max(v, a), b))
     return out
 
@@ -62,7 +82,7 @@ def pbt_decision(
         objectives: per policy, the objective (higher is better; None: not measured yet, never replaced
             and never a donor). The caller passes the mean episode return whatever ``--pbt_target_objective``
             says (that flag is accepted for Sample Factory's command lines, and read by nothing).
-        hyper: per policy, its current values of :data:`PBT_HYPERPARAMETERS`.
+        hyper: per policy, its current values of the hyperparameters :func:`pbt_hyperparameters` lists.
         replace_fraction: the worst ``ceil(P x fraction)`` policies may be replaced, each by one of the best
             ``ceil(P x fraction)`` drawn at random.
         gap, gap_absolute: a replacement happens only if ``donor - recipient > max(gap x |recipient|,

@@ -4,8 +4,8 @@ Rollout worker ``w`` is served by inference worker ``w % policy_workers_per_poli
 worker waits on the pipes of all its rollout workers at once, takes every request that is
 ready (one byte: the split), gathers those envs' observations from the trajectory buffer
 in one indexing operation, runs one forward pass, writes actions, log-probabilities,
-values and the policy version back into the buffer, and answers each rollout worker with one
-message listing the splits it served.
+values and the policy version (with ``--kl_loss_coeff``, also the action distribution's parameters) back
+into the buffer, and answers each rollout worker with one message listing the splits it served.
 Before each batch it loads the newest weights the learner has published.
 """
 
@@ -24,6 +24,19 @@ from msf.runtime.supervision import parent_alive
 from msf.sampling.protocol import InferenceWorkerSpec
 
 log = logging.getLogger("msf")
+
+
+class _RecordingActorCritic(ActorCritic):
+    """An :class:`ActorCritic` that keeps the action-head outputs (``[N, P]``) of its last
+    :meth:`forward_with_states`, the pass :meth:`~ActorCritic.act` samples from: the behaviour distribution
+    that the fixed KL loss needs, stored without a second forward pass."""
+
+    last_params: torch.Tensor | None = None
+
+    def forward_with_states(self, obs, rnn_states=None, dones=None):
+        out = super().forward_with_states(obs, rnn_states, dones)
+        self.last_params = out[0]
+        return out
 
 
 class InferenceWorker:
@@ -52,8 +65,10 @@ class InferenceWorker:
         self.values_flat = buffer.values.view(-1)
         self.versions_flat = buffer.policy_versions.view(-1)
         self.rnn_flat = buffer.rnn_states.view(-1, buffer.rnn_states.shape[-1]) if buffer.rnn_states.shape[-1] else None
+        P = buffer.action_params.shape[-1]
+        self.params_flat = buffer.action_params.view(-1, P) if P else None
         self.cursors = buffer.cursors.numpy()
-        self.model = ActorCritic(cfg, spaces).to(self.device).eval()
+        self.model = (_RecordingActorCritic if P else ActorCritic)(cfg, spaces).to(self.device).eval()
         self.version = -1
         self.worker_of = {c: w for w, c in self.conns.items()}
         # --deterministic: one request per forward pass (a batch's composition never depends on timing), and
@@ -83,7 +98,8 @@ class InferenceWorker:
             requests: ``(rollout worker, split)`` pairs. For every row of those splits whose slot is this
                 worker's policy's, at its cursor ``(slot, t)``: the action, its log-probability, the value
                 and this worker's weights' version at ``[slot, t]``, and the core's next state at
-                ``rnn_states[slot, t + 1]``. Nothing else in the buffer is written.
+                ``rnn_states[slot, t + 1]`` (with ``--kl_loss_coeff``, the action distribution's parameters at
+                ``action_params[slot, t]``). Nothing else in the buffer is written.
 
         Raises:
             TimeoutError: the published weights stayed torn (see :meth:`PublishedWeights.load_into`).
@@ -109,7 +125,11 @@ class InferenceWorker:
         obs = self.obs_flat.index_select(0, obs_idx).to(self.device, non_blocking=True)
         states = None if self.rnn_flat is None else self.rnn_flat.index_select(0, obs_idx).to(self.device)
         generators = self._generators(self.first_row + rows) if self.deterministic else None
+        if self.params_flat is not None:
+            self.model.last_params = None
         actions, log_probs, values, new_states = self.model.act(obs, states, generators)
+        if self.params_flat is not None:
+            self.params_flat[act_idx] = self._behaviour_params(len(slots)).to("cpu")
         if new_states is not None:
             # the state before the next step, at the next row (the rollout worker zeros it at an episode end)
             self.rnn_flat[obs_idx + 1] = new_states.to("cpu")
@@ -118,6 +138,21 @@ class InferenceWorker:
         self.values_flat[act_idx] = values.to("cpu")
         self.versions_flat[act_idx] = self.version
         self.stats.add_batch(len(slots))
+
+    def _behaviour_params(self, n: int) -> torch.Tensor:
+        """``[n, P]``: the parameters of the distribution :meth:`ActorCritic.act` just sampled from, as
+        :meth:`ActorCritic.forward` gives them (logits, or a Gaussian's means then log standard deviations).
+
+        Raises:
+            RuntimeError: ``act`` did not go through ``forward_with_states`` once for these ``n`` rows, or
+                the parameters do not fit ``TrajectoryBuffer.action_params``.
+        """
+        params, self.model.last_params = self.model.last_params, None
+        if params is None or params.shape[0] != n:
+            raise RuntimeError("ActorCritic.act no longer runs forward_with_states once per call")
+        if params.shape[-1] != self.params_flat.shape[-1]:
+            raise RuntimeError(f"{params.shape[-1]} action parameters, the buffer holds {self.params_flat.shape[-1]}")
+        return params
 
     def run(self) -> None:
         """Serve requests until the stop event is set or the parent process is gone."""

@@ -7,9 +7,9 @@ copied them out. Observations have ``T + 1`` rows per slot: the last row is the
 observation after the last step (the bootstrap), and is also row 0 of the env's next slot.
 
 The rollout worker writes ``obs``, ``rewards``, ``dones`` and ``time_outs``; the inference
-worker reads ``obs`` and writes ``actions``, ``log_probs``, ``values`` and ``policy_versions`` at the
-same positions, which it finds in ``cursors`` (per env: slot and step). Only indices
-travel through pipes and queues; no trajectory is pickled.
+worker reads ``obs`` and writes ``actions``, ``log_probs``, ``values`` and ``policy_versions`` (and, with
+``--kl_loss_coeff``, ``action_params``) at the same positions, which it finds in ``cursors`` (per env: slot
+and step). Only indices travel through pipes and queues; no trajectory is pickled.
 """
 
 from __future__ import annotations
@@ -36,6 +36,9 @@ class TrajectoryBuffer:
         obs: ``[S, T + 1, *obs_shape]`` float32, or uint8 for uint8 observations (images).
         actions: ``[S, T]`` int64 (discrete) or ``[S, T, A]`` float32.
         log_probs: ``[S, T]`` float32, behaviour-policy log-probability of the action.
+        action_params: ``[S, T, P]`` float32, the behaviour policy's action distribution (for the fixed KL
+            loss): logits ``P = num_actions`` (masked ones at -1e9), or Gaussian means then log standard
+            deviations ``P = 2 x num_actions``; ``P = 0`` (nothing stored) when ``kl_loss_coeff`` is 0.
         values: ``[S, T]`` float32, behaviour-policy value (value-head units) of the observation.
         rewards: ``[S, T]`` float32, raw env rewards.
         dones: ``[S, T]`` uint8, 1 when the episode ended (terminated or truncated) at that step.
@@ -50,6 +53,7 @@ class TrajectoryBuffer:
     obs: torch.Tensor
     actions: torch.Tensor
     log_probs: torch.Tensor
+    action_params: torch.Tensor
     values: torch.Tensor
     rewards: torch.Tensor
     dones: torch.Tensor
@@ -61,6 +65,14 @@ class TrajectoryBuffer:
     slot_key: torch.Tensor  # [S] int64: job-wide row x 2**32 + that row's trajectory count (--deterministic's order)
 
     @staticmethod
+    def action_params_size(cfg: Config, spaces: EnvSpaces) -> int:
+        """``P`` of ``action_params``: 0 without the fixed KL loss (``kl_loss_coeff`` 0), else the logits
+        (``num_actions``) or the Gaussian's means and log standard deviations (``2 x num_actions``)."""
+        if cfg.kl_loss_coeff <= 0:
+            return 0
+        return spaces.num_actions * (1 if spaces.discrete else 2)
+
+    @staticmethod
     def layout(cfg: Config, derived: Derived, spaces: EnvSpaces) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         """Each tensor's shape and dtype (what :meth:`allocate` allocates), by field name."""
         S = cfg.num_workers * derived.slots_per_worker
@@ -70,6 +82,7 @@ class TrajectoryBuffer:
             "obs": ((S, T + 1, *spaces.obs_shape), torch.uint8 if spaces.obs_dtype == np.uint8 else torch.float32),
             "actions": ((S, T, *spaces.action_shape), act_dtype),
             "log_probs": ((S, T), torch.float32),
+            "action_params": ((S, T, TrajectoryBuffer.action_params_size(cfg, spaces)), torch.float32),
             "values": ((S, T), torch.float32),
             "rewards": ((S, T), torch.float32),
             "dones": ((S, T), torch.uint8),
@@ -112,4 +125,6 @@ class TrajectoryBuffer:
         names = ("obs", "actions", "log_probs", "values", "rewards", "dones", "time_outs", "policy_versions")
         if self.rnn_states.shape[-1]:
             names += ("rnn_states",)
+        if self.action_params.shape[-1]:
+            names += ("action_params",)
         return {k: getattr(self, k).index_select(0, slots) for k in names}
