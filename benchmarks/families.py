@@ -20,9 +20,10 @@ Two modes:
 
 The arguments are Sample Factory's own defaults for these families (``atari_override_defaults``, and for
 Doom its global defaults with the Doom overrides), spelled as msf flags; Sample Factory gets the same
-command line. Where Sample Factory's family defaults differ from msf's defaults they are passed explicitly
-(Doom's ``--exploration_loss=symmetric_kl``); both normalise images per pixel (``--normalize_input``, on
-by default in both).
+command line. msf applies the same family defaults itself when the env is chosen
+(``msf.envs.families.SF_FAMILY_DEFAULTS``), so the flags spelled out here change nothing on either side except
+the worker counts for this machine; both normalise images per pixel (``--normalize_input``, on by default in
+both).
 
 Usage: python benchmarks/families.py [--mode throughput|curves] [--seconds 120] [--frames 2000000]
        [--sf2_python /tmp/anchors-venv/bin/python] [--only atari_pong] [--short]

@@ -172,7 +172,7 @@ def run(cfg: Config, given: set[str]) -> int:
     """Train with flags already parsed (``given``: the names of those given explicitly), as ``msf-train`` does
     after parsing its command line (:mod:`msf.sf2`'s ``run_rl`` comes here); return the exit code."""
     try:
-        cfg, spaces, plan, changes = prepare(cfg, given)
+        cfg, spaces, plan, changes, notes = prepare(cfg, given)
         from msf.runner.experiment import check_checkpoints
 
         # one process per node prepares the folder (no shared file system is assumed), and only it moves files
@@ -184,7 +184,8 @@ def run(cfg: Config, given: set[str]) -> int:
         for line in e.problems:
             print(f"msf-train: error: {line}", file=sys.stderr)
         return 2
-    warnings = start_warnings(cfg, plan, changes) + ignored_flag_notes(given, plan)
+    first = plan.node_rank == 0 and not plan.local_rank
+    warnings = (notes if first else []) + start_warnings(cfg, plan, changes) + ignored_flag_notes(given, plan)
     for line in warnings:
         print(line, file=sys.stderr)
     from msf.persistence.summaries import LOG_FILE_ONLY, setup_logging
@@ -218,8 +219,9 @@ def prepare(cfg: Config, given: set[str]) -> tuple[Config, EnvSpaces, NodePlan, 
         cfg: the parsed flags. given: the names of the flags given explicitly.
 
     Returns:
-        ``(config, spaces, plan, changes)``: the config to run, the env's spaces, the node plan and the flags
-        that differ from a resumed experiment's saved config (``"--name: old -> new"``).
+        ``(config, spaces, plan, changes, notes)``: the config to run, the env's spaces, the node plan, the flags
+        that differ from a resumed experiment's saved config (``"--name: old -> new"``) and warnings about what a
+        default could not do (``--async_rl``).
 
     Raises:
         ConfigError: every invalid flag (one line each); then, once the flags are valid, the first problem of
@@ -245,13 +247,38 @@ def prepare(cfg: Config, given: set[str]) -> tuple[Config, EnvSpaces, NodePlan, 
     cfg = resolve(cfg, given, plan)
     cached = load_env_info(os.path.join(cfg.train_dir, cfg.experiment), cfg.env) if cfg.use_env_info_cache else None
     spaces = cached or env_spaces(cfg.env, env_config_of(cfg))
-    check_sync(cfg, spaces.num_agents, cfg.nproc_per_node)
+    cfg, notes = _check_sync_or_go_async(cfg, given, spaces.num_agents)
     if cfg.env_backend == "envpool":
         from msf.envs.vector import check_envpool
 
         check_envpool(cfg, spaces)
     check_shared_memory(cfg, spaces, check_model(cfg, spaces))
-    return cfg, spaces, plan, changes
+    return cfg, spaces, plan, changes, notes
+
+
+def _check_sync_or_go_async(cfg: Config, given: set[str], num_agents: int) -> tuple[Config, list[str]]:
+    """:func:`check_sync`; but where ``--async_rl=False`` is only the env family's default (Sample Factory's Atari
+    and MuJoCo launchers set it) and the workers given do not fit its rule, train asynchronously instead, with a
+    warning that says why: a default does not refuse a command line.
+
+    Raises:
+        ConfigError: the rule fails for an ``--async_rl=False`` that was given, or that ``--deterministic`` set.
+    """
+    import dataclasses
+
+    from msf.envs.families import family_defaults, family_of
+
+    try:
+        check_sync(cfg, num_agents, cfg.nproc_per_node)
+        return cfg, []
+    except ConfigError as e:
+        if "async_rl" in given or cfg.deterministic or family_defaults(cfg.env).get("async_rl") is not False:
+            raise
+        why = str(e).removeprefix("--async_rl: False needs ").split(": for example")[0]
+    return dataclasses.replace(cfg, async_rl=True), [
+        f"msf-train: warning: --async_rl: {family_of(cfg.env)}*'s default False (Sample Factory's) needs {why}; "
+        "training asynchronously instead (give --async_rl=False with a batch that fits to insist)"
+    ]
 
 
 def start_warnings(cfg: Config, plan: NodePlan, changes: list[str]) -> list[str]:

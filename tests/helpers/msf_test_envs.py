@@ -439,3 +439,33 @@ class UnseededCartPole(CartPoleEnv):
 
 
 gym.register("MsfUnseededCartPole-v0", entry_point=UnseededCartPole, max_episode_steps=500)
+
+
+class TargetReach(gym.Env):
+    """Continuous control in one step of thought: the observation is a target ``x`` in [-0.8, 0.8] (float32
+    ``[1]``, plus a constant 1), the action ``a`` (``Box(-1, 1, (1,))``) earns ``1 - (a - x)^2``; 10 steps per
+    episode, a new target each step. A policy that outputs its observation earns 10; a zero-mean unit Gaussian
+    about 10 x (1 - 1.32) < 0 (actions clipped to [-1, 1]: about -0.3 per step)."""
+
+    def __init__(self, render_mode=None):
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, (2,), dtype=np.float32)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (1,), dtype=np.float32)
+        self.t, self.x = 0, 0.0
+
+    def _obs(self):
+        self.x = float(self.np_random.uniform(-0.8, 0.8))
+        return np.array([self.x, 1.0], dtype=np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        a = float(np.clip(np.asarray(action).reshape(-1)[0], -1.0, 1.0))
+        reward = 1.0 - (a - self.x) ** 2
+        self.t += 1
+        return self._obs(), reward, False, self.t >= 10, {}
+
+
+gym.register("MsfTargetReach-v0", entry_point=TargetReach)

@@ -49,3 +49,38 @@ def test_cartpole_learns_with_lamb(train_dir):
     small-env adaptive schedule, capped at 2e-3: 49)."""
     s = _train(train_dir, "lamb", "--seed=0", "--optimizer=lamb", "--learning_rate=1e-2", "--lr_schedule=constant")
     assert s["episode_return_mean"] >= 300, s
+
+
+def test_cartpole_learns_with_a_decoder_and_scaled_observations(train_dir):
+    """--decoder_mlp_layers and --obs_scale / --obs_subtract_mean (their values checked against a float64
+    reference in tests/unit/test_sf2_model_flags.py) leave the small-env settings learning."""
+    s = _train(train_dir, "dec", "--seed=0", "--decoder_mlp_layers", "64", "--obs_scale=4", "--obs_subtract_mean=0.5")
+    assert s["episode_return_mean"] >= 150, s
+
+
+def test_a_continuous_policy_learns_with_a_learned_stddev_and_tanh_squashed_means(train_dir):
+    """Sample Factory's MuJoCo head (--adaptive_stddev=False) with --continuous_tanh_scale=1 on a target-reaching
+    task (msf_test_envs.TargetReach): 10 per episode for the perfect policy, below 0 for the untrained one."""
+    r = run_msf(
+        [
+            "--env=msf_test_envs:MsfTargetReach-v0",
+            "--experiment=reach",
+            f"--train_dir={train_dir}",
+            "--train_for_env_steps=60000",
+            "--num_workers=2",
+            "--num_envs_per_worker=8",
+            "--batch_size=256",
+            "--learning_rate=1e-3",
+            "--adaptive_stddev=False",
+            "--continuous_tanh_scale=1",
+            "--initial_stddev=0.5",
+            "--encoder_mlp_layers",
+            "64",
+            "64",
+            "--seed=0",
+        ],
+        timeout=240,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = read_summary(train_dir, "reach")
+    assert s["status"] == "done" and s["episode_return_mean"] >= 8.0, s

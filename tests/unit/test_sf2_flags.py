@@ -7,6 +7,7 @@ tests/data/make_sf2_flag_table.py; the suite needs no Sample Factory install."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import subprocess
 import sys
@@ -137,3 +138,22 @@ def test_a_flag_without_effect_is_named_once_with_the_reason():
     assert notes[0].startswith("msf-train: warning: --pixel_format is accepted from Sample Factory")
     assert "channel axis" in notes[0] and "msf-enjoy" in notes[1]
     assert ignored_flag_notes({"pixel_format"}, dataclasses.replace(plan, node_rank=1)) == []
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mujoco") is None, reason="the mujoco extra is not installed")
+def test_a_familys_sync_default_that_the_workers_do_not_fit_trains_asynchronously(tmp_path):
+    """Sample Factory's MuJoCo launcher sets --async_rl=False, whose rule (an iteration of whole rollouts of every
+    env) 2 workers x 3 envs x 64 steps do not fit: a default does not refuse the line, it trains asynchronously
+    and says why; given explicitly, the rule is enforced."""
+    from msf.cfg.validation import ConfigError
+    from msf.train import prepare
+
+    argv = ["--env=mujoco_hopper", "--num_workers=2", "--num_envs_per_worker=3", "--worker_num_splits=1"]
+    argv.append(f"--train_dir={tmp_path}")
+    cfg, given = parse_args([*argv, "--device=cpu"])
+    cfg, _, _, _, notes = prepare(cfg, given)
+    assert cfg.async_rl is True and cfg.batch_size == 1024  # the family's other defaults stay
+    assert len(notes) == 1 and notes[0].startswith("msf-train: warning: --async_rl: mujoco_*'s default False")
+    cfg, given = parse_args([*argv, "--device=cpu", "--async_rl=False"])
+    with pytest.raises(ConfigError, match="^--async_rl: False needs a training iteration"):
+        prepare(cfg, given)
