@@ -572,20 +572,6 @@ class PersistenceFlags:
     )
 
 
-@section(COMPAT)
-class CompatFlags:
-    """Sample Factory 2 flags that msf accepts so that its command lines and config.json files keep working, but
-    that change nothing here; :data:`IGNORED` says why, and ``msf-train`` says it once in the log when one is given."""
-
-    use_record_episode_statistics: bool = flag(
-        False, "Sample Factory: count msf-enjoy's episodes by gymnasium's RecordEpisodeStatistics. See IGNORED"
-    )
-    pixel_format: str = flag("CHW", "Sample Factory: the layout of image observations. See IGNORED", ("CHW", "HWC"))
-    actor_worker_gpus: list = flag([], "Sample Factory: GPUs of the rollout workers' envs. See IGNORED")
-    env_gpu_actions: bool = flag(False, "Sample Factory: the env takes actions on the GPU. See IGNORED")
-    env_gpu_observations: bool = flag(True, "Sample Factory: the env returns observations on the GPU. See IGNORED")
-
-
 IGNORED = {
     "use_record_episode_statistics": "msf-enjoy always counts whole games: its envs leave out the training-only "
     "wrappers (an Atari life lost is not an episode end there)",
@@ -601,3 +587,27 @@ IGNORED = {
 }
 """Why each accepted Sample Factory flag has no effect in msf (also the msf-enjoy flags that msf-train accepts, and
 the Hugging Face ones), by flag name."""
+
+
+@section(COMPAT)
+class CompatFlags:
+    """Sample Factory 2 flags that msf accepts so that its command lines and config.json files keep working, but
+    that change nothing here (:data:`IGNORED` says why; ``msf-train`` says it once in the log when one is given)."""
+
+    use_record_episode_statistics: bool = flag(
+        False,
+        "Sample Factory: count msf-enjoy's episodes by RecordEpisodeStatistics. No effect: "
+        + IGNORED["use_record_episode_statistics"],
+    )
+    pixel_format: str = flag(
+        "CHW", f"Sample Factory: the layout of images. No effect: {IGNORED['pixel_format']}", ("CHW", "HWC")
+    )
+    actor_worker_gpus: list = flag(
+        [], f"Sample Factory: GPUs of the rollout workers. No effect: {IGNORED['actor_worker_gpus']}"
+    )
+    env_gpu_actions: bool = flag(
+        False, f"Sample Factory: the env takes actions on the GPU. No effect: {IGNORED['env_gpu_actions']}"
+    )
+    env_gpu_observations: bool = flag(
+        True, f"Sample Factory: the env returns observations on the GPU. No effect: {IGNORED['env_gpu_observations']}"
+    )
