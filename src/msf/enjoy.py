@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from msf.cfg.arguments import SCOPE_NOTES, build_parser, integer, str2bool
-from msf.cfg.config import FIXED_FLAGS, Config
+from msf.cfg.config import FIXED_FLAGS, Config, merge_env_args
 from msf.cfg.flags import FIXED, IGNORED
 from msf.cfg.validation import ConfigError, Problems
 
@@ -100,7 +100,12 @@ def build_enjoy_parser() -> argparse.ArgumentParser:
         const=True,
         help="Write the episodes to an mp4 (rendered off-screen, no display needed)",
     )
-    g.add_argument("--video_frames", type=integer, default=10**9, help="Frames written to the video at most")
+    g.add_argument(
+        "--video_frames",
+        type=integer,
+        default=10**9,
+        help="Frames written to the video at most; -1: the first episode (Sample Factory's meaning)",
+    )
     g.add_argument(
         "--video_name",
         default=None,
@@ -166,7 +171,8 @@ def _load_config(cfg: Config, given: set[str]) -> Config:
                 f"--{k}: the experiment {cfg.experiment!r} was trained with {saved[k]!r}, not "
                 f"{current[k]!r}: its checkpoints fit only that"
             )
-    saved.update({k: current[k] for k in given if k in current})
+    saved.update({k: current[k] for k in given if k in current and k != "env_args"})
+    saved["env_args"] = merge_env_args(saved.get("env_args") or {}, current["env_args"], given)[0]
     return Config(**saved)
 
 
@@ -187,8 +193,13 @@ def validate_eval_args(ev: EvalArgs) -> None:
     """Raises:
     ConfigError: every count that would play or record nothing, one line each (naming the flag)."""
     p = Problems()
-    for name in ("max_num_episodes", "max_num_frames", "video_frames"):
+    for name in ("max_num_episodes", "max_num_frames"):
         p.check(getattr(ev, name) >= 1, name, f"must be a positive integer, got {getattr(ev, name)}")
+    p.check(
+        ev.video_frames >= 1 or ev.video_frames == -1,
+        "video_frames",
+        f"must be a positive integer, or -1 for the first episode, got {ev.video_frames}",
+    )
     p.check(ev.fps >= 0, "fps", f"must be >= 0 (0: real time), got {ev.fps}")
     p.raise_if_any([f.name for f in dataclasses.fields(EvalArgs)])
 
@@ -208,6 +219,8 @@ def evaluate(cfg: Config, ev: EvalArgs) -> dict:
     from msf.persistence.sf2_checkpoint import Sf2Refused, as_msf_checkpoint
 
     exp_dir = os.path.join(cfg.train_dir, cfg.experiment)
+    from msf.envs.families import eval_frameskip
+
     skip, repeat = eval_frameskip(cfg)
     state = _load_checkpoint(cfg, ev, exp_dir)
     render = _render_mode(ev, cfg.env)
@@ -309,26 +322,6 @@ def _render_mode(ev: EvalArgs, env_name: str) -> str | None:
     return None
 
 
-def eval_frameskip(cfg: Config) -> tuple[int, int]:
-    """``(frames per env step, steps per action)`` of the evaluation env: with ``--eval_env_frameskip=e`` for an
-    env whose maker skips frames (atari_*, doom_*: 4), the env steps ``e`` frames and each action is repeated
-    ``4 / e`` times, so that the policy acts as often as in training and a video shows every frame (Sample
-    Factory's evaluation rule); otherwise ``(cfg.env_frameskip, 1)``.
-
-    Raises:
-        ConfigError: ``e`` does not divide the training frameskip.
-    """
-    from msf.envs.families import FRAMESKIP, family_of
-
-    trained = FRAMESKIP.get(family_of(cfg.env) or "")
-    e = cfg.eval_env_frameskip
-    if e is None or trained is None or e == trained:
-        return cfg.env_frameskip, 1
-    if trained % e:
-        raise ConfigError(f"--eval_env_frameskip: must divide the training frameskip {trained} of {cfg.env}, got {e}")
-    return e, trained // e
-
-
 def _make_eval_env(cfg: Config, seed: int, render: str | None, frameskip: int | None = None):
     """The training env without its training-only wrappers (``frameskip`` frames per step, see
     :func:`eval_frameskip`); with ``render``, rendered once to check it can.
@@ -362,18 +355,23 @@ def _make_eval_env(cfg: Config, seed: int, render: str | None, frameskip: int | 
 
 
 class _Video:
-    """An mp4 of rendered frames (``env.render()`` in ``rgb_array`` mode), at most ``max_frames`` of them."""
+    """An mp4 of rendered frames (``env.render()`` in ``rgb_array`` mode), at most ``max_frames`` of them; -1: the
+    first episode's (Sample Factory's meaning of ``--video_frames=-1``)."""
 
     def __init__(self, path: str, fps: float, max_frames: int):
         import imageio.v2 as imageio
 
         self.path, self.max_frames, self.frames = path, max_frames, 0
+        self.full = False  # with -1: the first episode has ended
         self.writer = imageio.get_writer(path, fps=fps, codec="libx264", macro_block_size=2, ffmpeg_log_level="error")
 
     def record(self, env) -> None:
-        if self.frames < self.max_frames:
+        if not self.full and (self.max_frames == -1 or self.frames < self.max_frames):
             self.writer.append_data(np.asarray(env.render(), dtype=np.uint8))
             self.frames += 1
+
+    def episode_ended(self) -> None:
+        self.full = self.full or self.max_frames == -1
 
     def close(self) -> None:
         self.writer.close()
@@ -445,6 +443,8 @@ def _play(
             if A > 1:
                 episode["agent_returns"] = ret.tolist()  # "return" is their mean
             episodes.append(episode)
+            if video is not None:
+                video.episode_ended()
             print(f"episode {len(episodes)}: return {episode['return']:.2f}, length {length}")
             ret, length, core_state = np.zeros(A), 0, None
             if len(episodes) < ev.max_num_episodes:
@@ -492,8 +492,9 @@ def main(argv: list[str] | None = None, parsed: tuple[dict, set[str]] | None = N
     if result["return_mean"] is None:
         print(f"no episode ended within --max_num_frames={ev.max_num_frames}")
     else:
+        n = result["num_episodes"]
         print(
-            f"{result['num_episodes']} episodes: return mean {result['return_mean']:.2f} "
+            f"{n} episode{'' if n == 1 else 's'}: return mean {result['return_mean']:.2f} "
             f"(std {result['return_std']:.2f}), length mean {result['length_mean']:.1f}"
         )
     if result["video"]:

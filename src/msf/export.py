@@ -403,12 +403,19 @@ def load_policy(train_dir: str, experiment: str, policy_index: int = 0) -> tuple
     state = _load_checkpoint(
         cfg, EvalArgs(policy_index=policy_index), exp_dir, prog="msf-export", kind_flag="experiment"
     )
+    from msf.persistence.sf2_checkpoint import Sf2Refused, as_msf_checkpoint
+
     spaces = env_spaces(cfg.env, env_config_of(cfg))
     model = ActorCritic(cfg, spaces)
     try:
+        state = as_msf_checkpoint(state, model)  # a Sample Factory 2.1.1 checkpoint, converted (others as they are)
+    except Sf2Refused as e:
+        raise ConfigError(str(e)) from None
+    try:
         model.load_state_dict(state["model"])
     except RuntimeError as e:
-        first = str(e).strip().splitlines()[0]
+        lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+        first = " ".join(lines[:2])  # torch's first line only announces the list of mismatches
         raise ConfigError(
             f"--experiment: the checkpoint {state['path']} does not fit the model of its config.json ({first})"
         ) from None

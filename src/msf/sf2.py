@@ -41,6 +41,7 @@ import torch
 from torch import nn
 
 from msf.cfg.arguments import EVALUATION_FLAGS, build_parser, given_flags, str2bool
+from msf.cfg.config import ENV_ARG
 from msf.cfg.config import Config as _MsfConfig
 from msf.envs.registry import register_env as _register_msf_env
 from msf.model.encoders import register_encoder as _register_msf_encoder
@@ -138,8 +139,7 @@ def _split(cfg: Any, enjoy_flags: set[str]) -> tuple[dict[str, Any], dict[str, A
     if ENCODER_NAME in _factory.encoders and "encoder_custom" not in given:
         ours["encoder_custom"] = ENCODER_NAME
         given.add("encoder_custom")
-    if extra:
-        given.add("env_args")
+    given |= {ENV_ARG + k for k in given_flags(argv, extra)}  # the script's own flags on its command line
     return ours, extra, given
 
 
@@ -150,7 +150,7 @@ def run_rl(cfg: Any) -> int:
 
     ours, extra, given = _split(cfg, set())
     ours = {k: v for k, v in ours.items() if k not in EVALUATION_FLAGS}
-    return main(parsed=(_MsfConfig(**ours, env_args=extra), given & {*ours, "env_args"}))
+    return main(parsed=(_MsfConfig(**ours, env_args=extra), {g for g in given if g in ours or g.startswith(ENV_ARG)}))
 
 
 def enjoy(cfg: Any) -> int:

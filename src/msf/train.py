@@ -197,9 +197,9 @@ def run(cfg: Config, given: set[str]) -> int:
         exp_dir = wait_for_experiment_dir(cfg)  # the node's local rank 0 prepares it
     setup_logging(exp_dir, rank=plan.rank, to_file=cfg.log_to_file)
     if cfg.use_env_info_cache and prepares_dir:
-        from msf.envs.registry import save_env_info
+        from msf.envs.registry import env_info_key, save_env_info
 
-        save_env_info(exp_dir, cfg.env, spaces)  # the next start reads the spaces from here
+        save_env_info(exp_dir, cfg.env, spaces, env_info_key(cfg))  # the next start reads the spaces from here
     for line in warnings:  # printed above; the log keeps them too
         logging.getLogger("msf").warning("%s", line.removeprefix("msf-train: warning: "), extra=LOG_FILE_ONLY)
     if changes:
@@ -228,13 +228,14 @@ def prepare(cfg: Config, given: set[str]) -> tuple[Config, EnvSpaces, NodePlan, 
             the node layout, the resumed experiment, the device or the env.
     """
     from msf.distributed.nodes import discover
-    from msf.envs.families import apply_family_defaults
-    from msf.envs.registry import env_config_of, env_spaces, load_env_info
+    from msf.envs.families import apply_family_defaults, eval_frameskip
+    from msf.envs.registry import env_config_of, env_info_key, env_spaces, load_env_info
     from msf.runner.experiment import resume_config
     from msf.runner.launch import resolve
 
     cfg = resolve_deterministic(resolve_sample_factory_flags(apply_family_defaults(cfg, given), given), given)
     validate(cfg)
+    eval_frameskip(cfg)  # msf-enjoy's --eval_env_frameskip must divide the frameskip trained with
     plan = discover(cfg, given)
     if plan.launcher != "local" and cfg.max_restarts > 0:
         raise ConfigError(
@@ -245,7 +246,8 @@ def prepare(cfg: Config, given: set[str]) -> tuple[Config, EnvSpaces, NodePlan, 
     if changes:
         validate(cfg)
     cfg = resolve(cfg, given, plan)
-    cached = load_env_info(os.path.join(cfg.train_dir, cfg.experiment), cfg.env) if cfg.use_env_info_cache else None
+    exp = os.path.join(cfg.train_dir, cfg.experiment)
+    cached = load_env_info(exp, cfg.env, env_info_key(cfg)) if cfg.use_env_info_cache else None
     spaces = cached or env_spaces(cfg.env, env_config_of(cfg))
     cfg, notes = _check_sync_or_go_async(cfg, given, spaces.num_agents)
     if cfg.env_backend == "envpool":

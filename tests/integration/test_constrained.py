@@ -39,13 +39,12 @@ def _shm_files() -> set[str]:
 def test_a_dev_shm_too_small_for_the_buffer_is_refused_before_anything_is_allocated(tmp_path):
     """The issue's run: atari_pong, 2 workers x 16 envs, rollout 128 (about 222 MiB), on Docker's 64 MB."""
     pytest.importorskip("ale_py")
-    from msf.cfg.config import Config
-    from msf.envs.registry import env_config_of, env_spaces
-    from msf.train import check_model, shared_memory_bytes
-
     import dataclasses
 
+    from msf.cfg.config import Config
     from msf.envs.families import apply_family_defaults
+    from msf.envs.registry import env_config_of, env_spaces
+    from msf.train import check_model, shared_memory_bytes
 
     flags = dict(env="atari_pong", num_workers=2, num_envs_per_worker=16, rollout=128)
     # the run's config: Sample Factory's Atari defaults, asynchronous (2 x 16 envs do not fit their sync rule)

@@ -27,24 +27,32 @@ def _script(*args: str, cwd: Path, script: Path = EXAMPLE, timeout: float = 300)
 def test_the_launch_script_trains_its_env_and_enjoy_plays_it(tmp_path):
     train_dir = tmp_path / "train_dir"
     common = ["--env=beacon", "--experiment=beacon", f"--train_dir={train_dir}", "--with_progress_bar=False"]
-    r = _script(*common, "--train_for_env_steps=60000", "--seed=0", cwd=tmp_path)
+    r = _script(*common, "--train_for_env_steps=60000", "--seed=0", "--beacon_episode_len=16", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     s = read_summary(train_dir, "beacon")
-    # a random policy earns 10 of 20; the example's docstring promises nearly all after 60,000 steps (the mean of
-    # the last 100 training episodes, with sampled actions, measured 17.6)
-    assert s["status"] == "done" and s["episode_return_mean"] >= 15.0, s["episode_return_mean"]
+    # a random policy earns half of an episode's steps; the example's docstring promises nearly all after 60,000
+    # steps (the mean of the last 100 training episodes, with sampled actions: 17.6 of 20 measured, 88%)
+    assert s["status"] == "done" and s["episode_return_mean"] >= 12.0, s["episode_return_mean"]
     cfg = json.loads((train_dir / "beacon" / "config.json").read_text())
     # the script's set_defaults, its own flag and its encoder reached the run
     assert (cfg["batch_size"], cfg["learning_rate"], cfg["encoder_custom"]) == (256, 1e-3, "sf2_encoder")
-    assert cfg["env_args"] == {"beacon_episode_len": 20}
-    # enjoy(cfg) with the script's own flag changed: the env made in msf-enjoy sees it (cfg.beacon_episode_len)
-    r = _script(
-        *common, "--enjoy", "--max_num_episodes=4", "--eval_deterministic", "--beacon_episode_len=12", cwd=tmp_path
-    )
+    assert cfg["env_args"] == {"beacon_episode_len": 16}
+    # enjoy(cfg) without the script's flag: the saved 16, as Sample Factory restores a saved config
+    r = _script(*common, "--enjoy", "--max_num_episodes=2", "--eval_deterministic", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ev = json.loads((train_dir / "beacon" / "eval.json").read_text())
+    assert [e["length"] for e in ev["episodes"]] == [16, 16]
+    # with the flag given: the env made in msf-enjoy sees the new value (cfg.beacon_episode_len)
+    enjoy = ["--enjoy", "--max_num_episodes=4", "--eval_deterministic", "--beacon_episode_len=12"]
+    r = _script(*common, *enjoy, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     ev = json.loads((train_dir / "beacon" / "eval.json").read_text())
     assert ev["num_episodes"] == 4 and all(e["length"] == 12 for e in ev["episodes"])
     assert ev["return_mean"] >= 11.0  # of 12: the trained policy reads the beacon
+    # a resume without the flag keeps the saved value too
+    r = _script(*common, "--train_for_env_steps=64000", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads((train_dir / "beacon" / "config.json").read_text())["env_args"] == {"beacon_episode_len": 16}
 
 
 FAILING = """
@@ -94,7 +102,7 @@ def test_the_api_parses_like_sample_factory(tmp_path, monkeypatch):
     ours, extra, given = sf2._split(cfg, set())
     assert extra == {"own": 3}
     # a flag on the command line and a script's changed default count as given: a family's defaults yield to both
-    assert {"env", "batch_size", "rnn_size", "env_args"} <= given and "gamma" not in given
+    assert {"env", "batch_size", "rnn_size", "env_args:own"} <= given and "gamma" not in given
     with pytest.raises(SystemExit) as e:
         sf2.parse_full_cfg(parser, ["--env=beacon", "--num_worker=2"])
     assert e.value.code == 2

@@ -291,3 +291,18 @@ def test_an_msf_experiment_is_left_to_msfs_own_paths(tmp_path):
     writer.close()
     state = {"train_step": 1, "env_steps": 2, "policy_version": 1, "msf_version": "0", "model": {}, "path": "x"}
     assert as_msf_checkpoint(state, torch.nn.Linear(1, 1)) is state and as_msf_checkpoint(None, None) is None
+
+
+def test_msf_export_writes_a_sample_factory_policy(tmp_path):
+    """msf-export converts a Sample Factory checkpoint as msf-enjoy does: the exported file gives Sample Factory's
+    own action logits for the reference observations."""
+    from msf.export import main, run_exported
+
+    folder = _copy("mlp", tmp_path)
+    ref = np.load(DATA / "mlp" / "reference.npz")
+    assert main(["--experiment=mlp", f"--train_dir={tmp_path}", "--format=torchscript"]) == 0
+    path = folder / "export" / "policy_p0.pt"
+    desc = json.loads((folder / "export" / "policy_p0.pt.json").read_text())
+    assert [i["name"] for i in desc["inputs"]] == ["obs"]
+    logits = run_exported("torchscript", str(path), (torch.as_tensor(ref["obs"]),))[0]
+    assert np.abs(logits - ref["action_logits"]).max() <= 1e-5

@@ -157,3 +157,41 @@ def test_a_familys_sync_default_that_the_workers_do_not_fit_trains_asynchronousl
     cfg, given = parse_args([*argv, "--device=cpu", "--async_rl=False"])
     with pytest.raises(ConfigError, match="^--async_rl: False needs a training iteration"):
         prepare(cfg, given)
+
+
+def test_unique_prefixes_are_read_as_sample_factorys_parser_reads_them():
+    cfg, given = parse_args(["--learning_r=0.1", "--train_for_env", "5", "--num_workers=3"])
+    assert (cfg.learning_rate, cfg.train_for_env_steps, cfg.num_workers) == (0.1, 5, 3)
+    assert given == {"learning_rate", "train_for_env_steps", "num_workers"}  # so a resume takes them too
+    r = _train("--lr=1")  # a prefix of several flags: one line naming them
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--lr_schedule" in r.stderr
+
+
+def test_video_frames_minus_one_records_the_first_episode(tmp_path):
+    import numpy as np
+
+    from msf.enjoy import EvalArgs, _Video, validate_eval_args
+
+    validate_eval_args(EvalArgs(video_frames=-1))  # Sample Factory's value, accepted
+
+    class Env:
+        def render(self):
+            return np.zeros((8, 8, 3), np.uint8)
+
+    video = _Video(str(tmp_path / "v.mp4"), 10, -1)
+    for _ in range(3):
+        video.record(Env())
+    video.episode_ended()
+    video.record(Env())
+    video.close()
+    assert video.frames == 3
+
+
+def test_files_msf_writes_are_readable_as_open_makes_them(tmp_path):
+    import os
+    import stat
+
+    from msf.persistence.summaries import file_mode, write_json_atomic
+
+    write_json_atomic(str(tmp_path / "config.json"), {"a": 1})
+    assert stat.S_IMODE(os.stat(tmp_path / "config.json").st_mode) == file_mode()

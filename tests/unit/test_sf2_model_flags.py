@@ -136,8 +136,13 @@ def test_batched_sampling_is_the_envpool_backend():
     assert cfg.env_backend == "envpool"
     with pytest.raises(ConfigError, match="^--batched_sampling: .*--env_backend=gymnasium"):
         resolve_sample_factory_flags(
-            Config(batched_sampling=True, env_backend="gymnasium"), {"batched_sampling", "env_backend"}
+            Config(env="atari_pong", batched_sampling=True, env_backend="gymnasium"),
+            {"batched_sampling", "env_backend"},
         )
+    with pytest.raises(
+        ConfigError, match="^--batched_sampling: .*atari_\\* and mujoco_\\* envs only, not 'CartPole-v1'"
+    ):
+        resolve_sample_factory_flags(Config(batched_sampling=True), {"batched_sampling"})
 
 
 @pytest.mark.skipif(importlib.util.find_spec("ale_py") is None, reason="the atari extra is not installed")
@@ -152,7 +157,7 @@ def test_env_framestack_sets_the_atari_stack(stack, shape):
 
 
 def test_eval_env_frameskip_repeats_each_action_over_smaller_steps():
-    from msf.enjoy import eval_frameskip
+    from msf.envs.families import eval_frameskip
 
     assert eval_frameskip(Config(env="doom_basic", env_frameskip=4, eval_env_frameskip=1)) == (1, 4)
     assert eval_frameskip(Config(env="atari_pong", env_frameskip=4, eval_env_frameskip=2)) == (2, 2)
@@ -160,6 +165,8 @@ def test_eval_env_frameskip_repeats_each_action_over_smaller_steps():
     assert eval_frameskip(Config(env="CartPole-v1", eval_env_frameskip=1)) == (1, 1)  # no frames to skip
     with pytest.raises(ConfigError, match="^--eval_env_frameskip: must divide the training frameskip 4"):
         eval_frameskip(Config(env="doom_basic", env_frameskip=4, eval_env_frameskip=3))
+    with pytest.raises(ConfigError, match="^--eval_env_frameskip: must be a positive integer, got 0"):
+        eval_frameskip(Config(env="atari_pong", eval_env_frameskip=0))
 
 
 def test_the_envs_of_one_worker_start_at_different_moments():
@@ -220,3 +227,12 @@ def test_env_info_cache_round_trip(tmp_path):
         assert load_env_info(str(tmp_path), name) == spaces
     assert load_env_info(str(tmp_path), "CartPole-v1") is None  # the file holds Pendulum's
     assert load_env_info(str(tmp_path / "nowhere"), "CartPole-v1") is None
+    # read under a key (the env flags and a script's own): another key makes the env again
+    from msf.envs.registry import env_info_key
+
+    key = env_info_key(Config(env="Pendulum-v1", env_args={"corridor_len": 5}))
+    assert key["env_args"] == {"corridor_len": 5} and "res_w" in key and "seed" not in key
+    save_env_info(str(tmp_path), "Pendulum-v1", env_spaces("Pendulum-v1"), key)
+    assert load_env_info(str(tmp_path), "Pendulum-v1", key) == env_spaces("Pendulum-v1")
+    other = env_info_key(Config(env="Pendulum-v1", env_args={"corridor_len": 7}))
+    assert load_env_info(str(tmp_path), "Pendulum-v1", other) is None

@@ -59,7 +59,7 @@ class Config(
             "group": None,
             "choices": None,
             "item_type": str,
-            "scope": frozenset({LAUNCH}),
+            "scope": frozenset(),
             "cli": False,
         },
     )
@@ -85,6 +85,25 @@ class Config(
             if name not in d and name in names:
                 values[name] = value
         return cls(**values)
+
+
+ENV_ARG = "env_args:"
+"""``given`` holds ``env_args:NAME`` for each of a launch script's own flags given on its command line."""
+
+
+def merge_env_args(saved: dict, current: dict, given: set[str]) -> tuple[dict, list[str]]:
+    """A resumed or evaluated experiment's script flags (``Config.env_args``): the saved values, with those given
+    on this command line (``env_args:NAME`` in ``given``) on top, and flags the saved config lacks from
+    ``current`` (Sample Factory's ``load_from_checkpoint`` rule). Returns the values and the changes
+    (``"--name: old -> new"``)."""
+    merged, changes = dict(saved), []
+    for k, v in current.items():
+        if k not in saved:
+            merged[k] = v
+        elif ENV_ARG + k in given and saved[k] != v:
+            changes.append(f"--{k}: {saved[k]!r} -> {v!r}")
+            merged[k] = v
+    return merged, changes
 
 
 # What msf did before these flags existed (all of them shape the model or its input)

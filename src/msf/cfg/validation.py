@@ -316,10 +316,16 @@ def resolve_sample_factory_flags(cfg: Config, given: set[str]) -> Config:
     ``--env_backend=envpool`` (a split of a worker's envs stepped as one vectorised env).
 
     Raises:
-        ConfigError: ``--batched_sampling=True`` with ``--env_backend=gymnasium`` given.
+        ConfigError: ``--batched_sampling=True`` with ``--env_backend=gymnasium`` given, or for an env EnvPool does
+            not serve.
     """
     if not cfg.batched_sampling:
         return cfg
+    if not cfg.env.startswith(("atari_", "mujoco_")):
+        raise ConfigError(
+            f"--batched_sampling: msf's batched sampling steps each split as one EnvPool, which serves atari_* and "
+            f"mujoco_* envs only, not {cfg.env!r}: leave it out (each split's envs are then stepped one by one)"
+        )
     if "env_backend" in given and cfg.env_backend != "envpool":
         raise ConfigError(
             f"--batched_sampling: True steps each split as one EnvPool (--env_backend=envpool), which contradicts "

@@ -406,6 +406,26 @@ def apply_family_defaults(cfg, given: set[str]):
     return dataclasses.replace(cfg, **changes) if changes else cfg
 
 
+def eval_frameskip(cfg) -> tuple[int, int]:
+    """``(frames per env step, steps per action)`` of the evaluation env: with ``--eval_env_frameskip=e`` for an
+    env whose maker skips frames (atari_*, doom_*: 4), the env steps ``e`` frames and each action is repeated
+    ``4 / e`` times, so that the policy acts as often as in training and a video shows every frame (Sample
+    Factory's evaluation rule); otherwise ``(cfg.env_frameskip, 1)``.
+
+    Raises:
+        ConfigError: ``e`` does not divide the training frameskip.
+    """
+    trained = FRAMESKIP.get(family_of(cfg.env) or "")
+    e = cfg.eval_env_frameskip
+    if e is not None and e < 1:
+        raise ConfigError(f"--eval_env_frameskip: must be a positive integer, got {e}")
+    if e is None or trained is None or e == trained:
+        return cfg.env_frameskip, 1
+    if trained % e:
+        raise ConfigError(f"--eval_env_frameskip: must divide the training frameskip {trained} of {cfg.env}, got {e}")
+    return e, trained // e
+
+
 def video_fps(name: str, env: gym.Env, frameskip: int | None = None) -> float:
     """Frames per second that play a video of one frame per env step of ``env`` (made for ``name``) in real time.
 

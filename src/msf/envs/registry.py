@@ -297,23 +297,34 @@ def _layout_entry(key: str, space: gym.Space) -> tuple[str, tuple[int, ...], int
 ENV_INFO_FILE = "env_info.json"
 
 
-def save_env_info(exp_dir: str, name: str, spaces: EnvSpaces) -> None:
-    """Keep ``spaces`` of the env ``name`` in ``exp_dir/env_info.json`` (``--use_env_info_cache``), atomically."""
+def env_info_key(cfg: Any) -> dict[str, Any]:
+    """What the spaces of ``cfg``'s env may depend on: its name, the env flags makers receive (``env_config``,
+    without the per-env indices and seed) and a launch script's own flags (``env_args``); JSON values."""
+    config = env_config_of(cfg)
+    for k in ("worker_index", "env_index", "device_group", "seed", "cfg"):
+        config.pop(k, None)
+    config["env"], config["env_args"] = cfg.env, dict(getattr(cfg, "env_args", {}) or {})
+    return json.loads(json.dumps(config, default=str))
+
+
+def save_env_info(exp_dir: str, name: str, spaces: EnvSpaces, key: dict[str, Any] | None = None) -> None:
+    """Keep ``spaces`` of the env ``name`` in ``exp_dir/env_info.json`` (``--use_env_info_cache``), atomically,
+    with the ``key`` they were read under (:func:`env_info_key`)."""
     d = dataclasses.asdict(spaces)
     d["obs_dtype"] = np.dtype(spaces.obs_dtype).str
     tmp = os.path.join(exp_dir, f".{ENV_INFO_FILE}.tmp")
     with open(tmp, "w") as f:
-        json.dump({"env": name, "spaces": d}, f)
+        json.dump({"env": name, "key": key, "spaces": d}, f)
     os.replace(tmp, os.path.join(exp_dir, ENV_INFO_FILE))
 
 
-def load_env_info(exp_dir: str, name: str) -> EnvSpaces | None:
-    """The spaces :func:`save_env_info` kept for the env ``name`` in ``exp_dir``; None when there are none (or
-    they are another env's, or unreadable)."""
+def load_env_info(exp_dir: str, name: str, key: dict[str, Any] | None = None) -> EnvSpaces | None:
+    """The spaces :func:`save_env_info` kept for the env ``name`` in ``exp_dir``; None when there are none, or
+    they were read for another env or another ``key`` (a changed env flag: the env is made again), or unreadable."""
     try:
         with open(os.path.join(exp_dir, ENV_INFO_FILE)) as f:
             saved = json.load(f)
-        if saved.get("env") != name:
+        if saved.get("env") != name or saved.get("key") != key:
             return None
         d = saved["spaces"]
 

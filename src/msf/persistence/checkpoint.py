@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from msf.persistence.summaries import file_mode
+
 log = logging.getLogger("msf")
 
 
@@ -50,6 +52,7 @@ def _atomic_write(path: str, write) -> None:
     tmp = None
     try:
         fd, tmp = _temp_file(path)
+        os.fchmod(fd, file_mode())  # as open() would make it, not mkstemp's 0600
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()

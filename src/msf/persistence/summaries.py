@@ -61,10 +61,25 @@ class _LogFile(logging.FileHandler):
         )
 
 
+def _read_umask() -> int:
+    mask = os.umask(0)  # the only way to read it; done once, at import (no other thread creates files yet)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _read_umask()
+
+
+def file_mode() -> int:
+    """The mode ``open()`` gives a new file here: 0o666 less the process's umask (read at import)."""
+    return 0o666 & ~_UMASK
+
+
 def write_json_atomic(path: str, data: dict) -> None:
     """Write ``data`` as indented JSON through a temporary file and ``os.replace``."""
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".tmp-", suffix=".json")
     try:
+        os.fchmod(fd, file_mode())  # mkstemp's 0600 would make config.json readable by its owner only
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=2, sort_keys=True)
             f.write("\n")

@@ -9,7 +9,7 @@ import shutil
 import sys
 import time
 
-from msf.cfg.config import FIXED_FLAGS, LAUNCH_FLAGS, Config
+from msf.cfg.config import FIXED_FLAGS, LAUNCH_FLAGS, Config, merge_env_args
 from msf.cfg.validation import ConfigError
 from msf.persistence.checkpoint import scan_checkpoints, set_aside
 from msf.persistence.sf2_checkpoint import (
@@ -93,8 +93,10 @@ def resume_config(cfg: Config, given: set[str]) -> tuple[Config, list[str]]:
             f"--experiment: the saved config {path} is unreadable ({e}); use --restart_behavior=restart to start anew"
         ) from None
     current = cfg.to_dict()
-    changes = []
+    saved["env_args"], changes = merge_env_args(saved.get("env_args") or {}, current["env_args"], given)
     for name in sorted(given - LAUNCH_FLAGS):
+        if name not in saved:  # env_args:NAME (merged above)
+            continue
         if saved[name] == current[name]:
             continue
         if name in FIXED_FLAGS:
