@@ -280,10 +280,12 @@ def _check_policies(cfg: Config, p: Problems) -> None:
 
 
 def _check_persistence(cfg: Config, p: Problems) -> None:
+    parts = cfg.experiment.split(os.sep)
     p.check(
-        bool(cfg.experiment) and os.sep not in cfg.experiment,
+        bool(cfg.experiment) and all(part not in ("", ".", "..") for part in parts),
         "experiment",
-        f"must be a non-empty name without '{os.sep}', got {cfg.experiment!r}",
+        f"must be a name, or names joined by '{os.sep}' for nested folders under train_dir as in Sample Factory "
+        f"(no empty part, '.', '..' or leading '{os.sep}'), got {cfg.experiment!r}",
     )
     p.check(
         cfg.save_milestones_sec == -1 or cfg.save_milestones_sec >= 1,
