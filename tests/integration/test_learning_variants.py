@@ -23,6 +23,8 @@ def test_continuous_actions_pendulum(train_dir):
             "64",
             "64",
             "--train_for_env_steps=20000",
+            # every episode whole: no random steps before the first (they would shorten it)
+            "--decorrelate_envs_on_one_worker=False",
         ],
         timeout=120,
     )

@@ -368,7 +368,7 @@ def env_spaces(name: str, env_config: dict[str, Any] | None = None, note_after_s
         lambda: print(
             f"msf: making one {name} env to read its observation and action spaces, before the workers "
             f"start (its constructor has taken {note_after_s:.0f} s so far; msf.envs.declare_spaces, where the "
-            "env is registered, or --use_env_info_cache=True from the second start on, saves this)",
+            "env is registered, saves this; so does --use_env_info_cache=True from the second start on)",
             file=sys.stderr,
         ),
     )
