@@ -33,6 +33,7 @@ MODELS = [
     "mlp_continuous",
     "convnet_atari",
     "convnet_simple",
+    "convnet_impala",
     "resnet_impala",
 ]
 CONVERTED = "converted the Sample Factory 2.1.1 checkpoint"

@@ -127,6 +127,19 @@ MODELS = {
         gym.spaces.Discrete(6),
         False,
     ),
+    "convnet_impala": (
+        [
+            "--env=sf2_synthetic_pixels",
+            "--encoder_conv_architecture=convnet_impala",
+            "--encoder_conv_mlp_layers",
+            "16",
+            "--obs_scale=255",
+            "--use_rnn=False",
+        ],
+        gym.spaces.Box(0, 255, (3, 36, 36), np.uint8),
+        gym.spaces.Discrete(6),
+        False,
+    ),
     "resnet_impala": (
         [
             "--env=sf2_synthetic_pixels",
