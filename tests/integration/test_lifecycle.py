@@ -292,10 +292,14 @@ def test_enjoy_bad_input_one_line_exit_2(tmp_path):
         "msf-enjoy: error: --env: the experiment 'empty' was trained with"
     )
     # counts that would play nothing are refused before anything is loaded, and eval.json is not touched
-    for flag, value in (("max_num_episodes", 0), ("max_num_frames", -2), ("video_frames", 0)):
+    for flag, value, valid in (
+        ("max_num_episodes", 0, "a positive integer"),
+        ("max_num_frames", -2, "a positive integer"),
+        ("video_frames", 0, "a positive integer, or -1 for the first episode"),
+    ):
         r = run_tool("msf.enjoy", ["--experiment=empty", f"--train_dir={tmp_path}", f"--{flag}={value}"])
         assert r.returncode == 2 and r.stderr.strip() == (
-            f"msf-enjoy: error: --{flag}: must be a positive integer, got {value}"
+            f"msf-enjoy: error: --{flag}: must be {valid}, got {value}"
         ), r.stderr
     assert not (tmp_path / "empty" / "eval.json").exists()
 

@@ -88,7 +88,9 @@ def build_parser(
         prog=prog,
         description=description,
         formatter_class=DefaultsOnceHelpFormatter,
-        allow_abbrev=True,  # Sample Factory's parser takes unique prefixes (--learning_r=0.1); so does this one
+        # no abbreviations (Sample Factory's argparse takes unique prefixes): a prefix silently changes meaning when a
+        # flag is added, and a near miss (--num_worker=2) is named in the error instead
+        allow_abbrev=False,
     )
     groups: dict[str, argparse._ArgumentGroup] = {}
     hints = typing.get_type_hints(Config)
@@ -169,18 +171,5 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
 
 
 def given_flags(argv: list[str], names) -> set[str]:
-    """The flags of ``names`` that ``argv`` gives explicitly (``--name=value`` or ``--name value``, or a unique
-    prefix of the name, as argparse reads them)."""
-    names = set(names)
-    given = set()
-    for tok in argv:
-        if not tok.startswith("--"):
-            continue
-        name = tok[2:].split("=", 1)[0]
-        if name in names:
-            given.add(name)
-        else:
-            matches = [n for n in names if n.startswith(name)] if name else []
-            if len(matches) == 1:
-                given.add(matches[0])
-    return given
+    """The flags of ``names`` that ``argv`` gives explicitly (``--name=value`` or ``--name value``)."""
+    return {tok[2:].split("=", 1)[0] for tok in argv if tok.startswith("--")} & set(names)
