@@ -2,17 +2,22 @@
 ``--kl_loss_coeff`` (the fixed KL penalty) and ``--optimizer=lamb`` still learn.
 
 A random policy's CartPole-v1 return is about 22; the small-env settings reach about 425 at 100k steps (seed 0).
+Learning runs (about 20 s each on a quiet machine): the slow suite. The flags' values are checked against
+independent references in the default suite (tests/unit/test_losses.py, test_optimizers.py, test_sf2_model_flags.py).
 """
 
 from __future__ import annotations
 
 import math
 
+import pytest
+
 from msf.plot import read_curves
 
 from .conftest import SMALL_ENV_FLAGS, read_summary, run_msf
 
 STEPS = 100_000
+pytestmark = pytest.mark.slow
 
 
 def _train(train_dir, experiment: str, *flags: str) -> dict:
