@@ -72,12 +72,8 @@ class ActorCritic(nn.Module):
         if normalize and not self.image and self.layout is None:
             # statistics of raw values with the epsilon scaled alike: the normalisation of (obs - m) / s, exactly
             self.obs_normalizer = RunningMeanStd(spaces.obs_shape, clip=5.0, eps=1e-5 * self.obs_scale**2)
-            if (self.obs_scale, self.obs_subtract) != (1.0, 0.0):
-                with torch.no_grad():  # before the first update: the plain scaling
-                    for t in (self.obs_normalizer.mean, self.obs_normalizer.mean_f32):
-                        t.fill_(self.obs_subtract)
-                    self.obs_normalizer.var.fill_(self.obs_scale**2)
-                    self.obs_normalizer.std_f32.fill_(self.obs_scale * (1.0 + 1e-5) ** 0.5)
+            if (self.obs_scale, self.obs_subtract) != (1.0, 0.0):  # before the first update: the plain scaling
+                self.obs_normalizer.preset(self.obs_subtract, self.obs_scale**2)
         self.nvec = spaces.action_nvec
         self.mask_slice = None
         if self.layout is not None:

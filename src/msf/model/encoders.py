@@ -142,12 +142,8 @@ class ConvEncoder(nn.Module):
         self.out_size = mlp_layers[-1] if mlp_layers else n
         eps = 1e-5 * self.scale**2
         self.normalizer = RunningMeanStd(tuple(obs_shape), clip=5.0, eps=eps) if normalize else None
-        if self.normalizer is not None:  # before the first statistics: the plain scaling (count 0: the first
-            with torch.no_grad():  # update replaces these entirely)
-                self.normalizer.mean.fill_(self.subtract)
-                self.normalizer.mean_f32.fill_(self.subtract)
-                self.normalizer.var.fill_(self.scale**2 - eps)
-                self.normalizer.std_f32.fill_(self.scale)
+        if self.normalizer is not None:  # before the first statistics: the plain scaling, (x - subtract) / scale
+            self.normalizer.preset(self.subtract, self.scale**2 - eps)
 
     def update_normalizers(self, obs: torch.Tensor, reduce_sum: ReduceSum | None = None) -> None:
         """Merge ``[M, *obs_shape]`` images into the per-element statistics (summed over replicas by

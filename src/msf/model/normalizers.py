@@ -84,6 +84,15 @@ class RunningMeanStd(nn.Module):
         self.register_buffer("std_f32", torch.full(shape, (1.0 + eps) ** 0.5, dtype=torch.float32))
 
     @torch.no_grad()
+    def preset(self, mean: float, var: float) -> None:
+        """Statistics to use before the first :meth:`update` (which replaces them: the count stays 0), and their
+        float32 copies: ``mean_f32 = mean``, ``std_f32 = sqrt(var + eps)``."""
+        self.mean.fill_(mean)
+        self.var.fill_(var)
+        self.mean_f32.copy_(self.mean)
+        self.std_f32.copy_(torch.sqrt(self.var + self.eps))
+
+    @torch.no_grad()
     def update(self, x: torch.Tensor, reduce_sum: ReduceSum | None = None) -> None:
         """Merge a batch ``x`` of shape ``[N, *shape]`` into the statistics.
 
