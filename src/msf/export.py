@@ -17,7 +17,8 @@ the torch policy's.
 The graph, for ``N`` envs (any ``N``: the batch dimension is dynamic):
 
 * inputs: ``obs`` ``[N, *obs_shape]`` (uint8 for image observations, as the env gives them; else float32);
-  with a recurrent core ``rnn_states`` ``[N, rnn_state_size]`` float32 (zeros at an episode start).
+  with a recurrent core ``rnn_states`` ``[N, rnn_state_size]`` float32 (zeros at an episode start; with separate
+  actor and critic weights the actor's core's state, then the critic's).
 * outputs: discrete actions: ``action_logits`` ``[N, num_actions]`` (a ``MultiDiscrete`` action: the
   concatenated logits of its dimensions); continuous actions: ``action_mean`` and ``action_log_std``, both
   ``[N, action_size]``; then ``value`` ``[N]`` (in return units: the return normaliser undone); with a core
@@ -120,14 +121,10 @@ def policy_io(model: nn.Module) -> tuple[list[dict], list[dict]]:
     if model.core is not None:
         L, H = model.rnn_layers, model.rnn_size
         layout = f"{L} layer(s) x {H}" if model.rnn_type == "gru" else f"h ({L} layer(s) x {H}) then c (same)"
-        inputs.append(
-            _spec(
-                "rnn_states",
-                (S,),
-                "float32",
-                f"the {model.rnn_type.upper()} core's state, {layout}; zeros at an episode start",
-            )
-        )
+        whose = f"the {model.rnn_type.upper()} core's state, {layout}"
+        if model.critic_core is not None:
+            whose = f"the actor's {model.rnn_type.upper()} core's state ({layout}), then the critic's core's (same)"
+        inputs.append(_spec("rnn_states", (S,), "float32", f"{whose}; zeros at an episode start"))
     A = spaces.num_actions
     if not model.continuous:
         doc = "logits of the categorical over actions (argmax: the most likely action)"
@@ -151,7 +148,10 @@ def policy_io(model: nn.Module) -> tuple[list[dict], list[dict]]:
         ]
     outputs.append(_spec("value", (), "float32", "value estimate, in return units (the return normaliser undone)"))
     if model.core is not None:
-        outputs.append(_spec("new_rnn_states", (S,), "float32", "the core's state after this step, for the next"))
+        cores = "the cores' states" if model.critic_core is not None else "the core's state"
+        outputs.append(
+            _spec("new_rnn_states", (S,), "float32", f"{cores} after this step (as rnn_states), for the next")
+        )
     return inputs, outputs
 
 
@@ -286,6 +286,7 @@ def export_policy(model: nn.Module, fmt: str, path: str, source: dict | None = N
             "type": model.rnn_type,
             "num_layers": model.rnn_layers,
             "size": model.rnn_size,
+            "cores": 1 if model.critic_core is None else 2,  # 2: the actor's state, then the critic's
             "state_size": model.rnn_state_size,
         },
         **({"opset": ONNX_OPSET} if fmt == "onnx" else {}),

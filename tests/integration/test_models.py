@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from .conftest import read_summary, run_msf
@@ -75,6 +77,66 @@ def test_lstm_core_trains_and_resumes(train_dir):
     assert r.returncode == 0, r.stderr[-3000:]
     ev = json.loads((train_dir / "lstm" / "eval.json").read_text())
     assert ev["num_episodes"] == 20 and all(e["length"] == 10 for e in ev["episodes"])  # cue, 8 blanks, query
+
+
+def test_separate_recurrent_actor_and_critic_train_play_and_export(train_dir):
+    """``--use_rnn=True --actor_critic_share_weights=False``: two GRUs, their states side by side per env in the
+    trajectory buffer, the inference workers, the learner's sequences, msf-enjoy and the exported file."""
+    import subprocess
+    import sys
+
+    import torch
+
+    from msf.persistence.checkpoint import list_checkpoints
+
+    from .conftest import msf_env
+
+    args = [
+        "--env=msf_test_envs:MsfCueMemory-v0",
+        "--experiment=separate",
+        f"--train_dir={train_dir}",
+        "--num_workers=2",
+        "--num_envs_per_worker=4",
+        "--rollout=16",
+        "--recurrence=8",
+        "--batch_size=128",
+        "--encoder_mlp_layers",
+        "16",
+        "--decoder_mlp_layers",
+        "8",
+        "--use_rnn=True",
+        "--rnn_size=8",
+        "--actor_critic_share_weights=False",
+        "--train_for_env_steps=4000",
+    ]
+    r = run_msf(args, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = read_summary(train_dir, "separate")
+    assert s["status"] == "done" and s["env_steps"] >= 4000 and s["train_steps"] > 0
+    state = torch.load(list_checkpoints(str(train_dir / "separate"))[-1], weights_only=True)
+    for name in ("core.weight_hh_l0", "critic_core.weight_hh_l0", "decoder.0.weight", "critic_decoder.0.weight"):
+        assert name in state["model"], name
+    exp = ["--experiment=separate", f"--train_dir={train_dir}"]
+    r = subprocess.run(
+        [sys.executable, "-m", "msf.enjoy", *exp, "--max_num_episodes=3", "--no_render"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=msf_env(),
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    ev = json.loads((train_dir / "separate" / "eval.json").read_text())
+    assert ev["num_episodes"] == 3 and all(e["length"] == 10 for e in ev["episodes"])
+    r = subprocess.run(
+        [sys.executable, "-m", "msf.export", *exp, "--format=torchscript"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=msf_env(),
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    desc = json.loads((train_dir / "separate" / "export" / "policy_p0.pt.json").read_text())
+    assert desc["inputs"][1]["shape"] == ["batch", 16] and desc["rnn"]["cores"] == 2  # 2 GRUs of 8
 
 
 SPACES_FLAGS = [

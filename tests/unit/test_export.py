@@ -44,6 +44,17 @@ CASES = {
         ),
         EnvSpaces((5,), np.float32, False, 2),
     ),
+    # separate actor and critic: an encoder, a GRU and a decoder each; the state is the actor's, then the critic's
+    "gru_separate": (
+        Config(
+            encoder_mlp_layers=[32],
+            use_rnn=True,
+            rnn_size=8,
+            decoder_mlp_layers=[16],
+            actor_critic_share_weights=False,
+        ),
+        EnvSpaces((4,), np.float32, True, 3),
+    ),
     # a Gaussian head whose log standard deviations depend on the state (Sample Factory's default), after a decoder
     "mlp_adaptive_gaussian": (
         Config(encoder_mlp_layers=[32], decoder_mlp_layers=[16], adaptive_stddev=True),
@@ -125,6 +136,10 @@ def test_exported_file_gives_the_policy_outputs(name, fmt, tmp_path):
     assert desc["inputs"][0]["shape"] == ["batch", *model.spaces.obs_shape]
     assert desc["inputs"][0]["dtype"] == ("uint8" if name == "convnet_atari" else "float32")
     assert json.loads(open(description_path(path)).read()) == desc
+    if recurrent:
+        cores = 1 if model.critic_core is None else 2
+        assert desc["inputs"][1]["shape"] == desc["outputs"][-1]["shape"] == ["batch", cores * model.core_state_size]
+        assert desc["rnn"]["cores"] == cores and desc["rnn"]["state_size"] == model.rnn_state_size
 
     states = torch.randn(N, model.rnn_state_size) * 0.5 if recurrent else None
     # several steps, each state fed back (the file's own to the file, the policy's to the policy); batch sizes

@@ -12,18 +12,28 @@ from msf.model.actor_critic import ActorCritic
 from msf.model.encoders import ConvEncoder, channel_axis
 
 
-@pytest.mark.parametrize("rnn_type, layers", [("gru", 1), ("lstm", 2)])
-def test_sequences_with_resets_equal_the_step_by_step_run(rnn_type, layers):
+@pytest.mark.parametrize(
+    "rnn_type, layers, share", [("gru", 1, True), ("lstm", 2, True), ("gru", 1, False), ("lstm", 2, False)]
+)
+def test_sequences_with_resets_equal_the_step_by_step_run(rnn_type, layers, share):
     torch.manual_seed(0)
     spaces = EnvSpaces((5,), np.float32, True, 3)
-    model = ActorCritic(
-        Config(encoder_mlp_layers=[16], use_rnn=True, rnn_type=rnn_type, rnn_size=8, rnn_num_layers=layers), spaces
+    cfg = Config(
+        encoder_mlp_layers=[16],
+        use_rnn=True,
+        rnn_type=rnn_type,
+        rnn_size=8,
+        rnn_num_layers=layers,
+        actor_critic_share_weights=share,
+        decoder_mlp_layers=[] if share else [6],
     )
+    model = ActorCritic(cfg, spaces)
     B, R = 4, 6
     obs = torch.randn(B, R, 5)
     dones = (torch.rand(B, R) < 0.3).float()
     h0 = torch.randn(B, model.rnn_state_size)
-    assert model.rnn_state_size == layers * 8 * (2 if rnn_type == "lstm" else 1)
+    # separate weights: the actor's core's state, then the critic's
+    assert model.rnn_state_size == layers * 8 * (2 if rnn_type == "lstm" else 1) * (1 if share else 2)
     params, values = model(obs.reshape(B * R, 5), h0, dones)
     # reference: one step at a time, zeroing the state after an episode end
     h = h0.clone()

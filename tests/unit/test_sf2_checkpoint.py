@@ -30,6 +30,8 @@ MODELS = [
     "mlp_gru",
     "mlp_lstm2",
     "mlp_separate",
+    "mlp_separate_decoder",
+    "mlp_separate_lstm2",
     "mlp_continuous",
     "convnet_atari",
     "convnet_simple",
@@ -57,18 +59,19 @@ def _load(train_dir: Path, name: str, spaces: EnvSpaces) -> tuple[Config, ActorC
 
 def _sf_to_msf_states(states: torch.Tensor, cfg: Config) -> torch.Tensor:
     """Sample Factory's ``[B, L x (h, c) x H]`` LSTM states (h and c side by side per layer) in msf's layout,
-    ``[B, (h, c) x L x H]`` (all h, then all c); a GRU's are the same in both."""
+    ``[B, (h, c) x L x H]`` (all h, then all c), per core (separate weights: the actor's, then the critic's, in
+    both); a GRU's are the same in both."""
     if cfg.rnn_type != "lstm":
         return states
-    L, H = cfg.rnn_num_layers, cfg.rnn_size
-    return states.view(-1, L, 2, H).transpose(1, 2).reshape(states.shape[0], -1)
+    cores, L, H = 1 if cfg.actor_critic_share_weights else 2, cfg.rnn_num_layers, cfg.rnn_size
+    return states.view(-1, cores, L, 2, H).transpose(2, 3).reshape(states.shape[0], -1)
 
 
 def _msf_to_sf_states(states: torch.Tensor, cfg: Config) -> torch.Tensor:
     if cfg.rnn_type != "lstm":
         return states
-    L, H = cfg.rnn_num_layers, cfg.rnn_size
-    return states.view(-1, 2, L, H).transpose(1, 2).reshape(states.shape[0], -1)
+    cores, L, H = 1 if cfg.actor_critic_share_weights else 2, cfg.rnn_num_layers, cfg.rnn_size
+    return states.view(-1, cores, 2, L, H).transpose(2, 3).reshape(states.shape[0], -1)
 
 
 def _files(folder: Path) -> dict[str, str]:
@@ -105,6 +108,44 @@ def test_msf_gives_sample_factorys_outputs(name, capsys, caplog):
             assert np.abs(model(torch.as_tensor(ref["obs"]), rnn)[0].numpy() - ref["action_logits"]).max() > 1e-3
 
 
+@pytest.mark.parametrize("name", ["mlp_separate_decoder", "mlp_separate_lstm2"])
+def test_separate_weights_give_sample_factorys_outputs_step_by_step_and_as_sequences(name):
+    """Sample Factory's separate actor and critic (own encoder, decoder, and core: its state the actor's then the
+    critic's) over 5 steps with episode ends: msf's inference path (one step at a time, the state fed back and
+    zeroed after an end, as the rollout workers do) and its learner's path (the 5 steps as one sequence with the
+    ends as resets) both give Sample Factory's logits, values and new states."""
+    ref = np.load(DATA / name / "reference.npz")
+    cfg, model, state = _load(DATA, name, _spaces(name, ref["obs"], ref["action_logits"]))
+    assert (cfg.actor_critic_share_weights, len(cfg.decoder_mlp_layers)) == (False, 1)
+    assert {"decoder.0.weight", "critic_decoder.0.weight"} <= state["model"].keys()
+    assert not torch.equal(state["model"]["decoder.0.weight"], state["model"]["critic_decoder.0.weight"])
+    if not cfg.use_rnn:
+        return  # one step: test_msf_gives_sample_factorys_outputs
+    assert ref["rnn_states"].shape[1] == model.rnn_state_size == 2 * 2 * 2 * 8  # 2 cores x (h, c) x 2 layers x 8
+    assert {"core.weight_hh_l1", "critic_core.weight_hh_l1"} <= state["model"].keys()
+    K, N = ref["seq_dones"].shape
+    assert 0 < ref["seq_dones"][:-1].sum() < (K - 1) * N  # some rows reset, others carry their state on
+    h0 = _sf_to_msf_states(torch.as_tensor(ref["rnn_states"]), cfg)
+    worst = 0.0
+    with torch.no_grad():
+        h = h0
+        for t in range(K):
+            params, values, h = model.forward_with_states(torch.as_tensor(ref["seq_obs"][t]), h)
+            for got, want in [
+                (params, ref["seq_action_logits"][t]),
+                (values, ref["seq_values"][t]),
+                (_msf_to_sf_states(h, cfg), ref["seq_new_rnn_states"][t]),
+            ]:
+                worst = max(worst, float(np.abs(got.numpy() - want).max()))
+            h = h * (1.0 - torch.as_tensor(ref["seq_dones"][t]))[:, None]
+        # the learner's pass: N sequences of K steps, sequence-major
+        obs = torch.as_tensor(ref["seq_obs"]).transpose(0, 1).reshape(N * K, -1)
+        params, values, _ = model.forward_with_states(obs, h0, torch.as_tensor(ref["seq_dones"]).T)
+    assert worst <= 1e-5, worst
+    np.testing.assert_allclose(params.view(N, K, -1).transpose(0, 1).numpy(), ref["seq_action_logits"], atol=1e-5)
+    np.testing.assert_allclose(values.view(N, K).T.numpy(), ref["seq_values"], atol=1e-5)
+
+
 def test_an_image_normaliser_follows_msfs_channel_axis(capsys):
     """A ``[C, H, W]`` Sample Factory image normaliser, for an msf env whose images are ``[H, W, C]``."""
     ref = np.load(DATA / "resnet_impala" / "reference.npz")
@@ -116,21 +157,41 @@ def test_an_image_normaliser_follows_msfs_channel_axis(capsys):
     assert np.abs(values.numpy() - ref["values"]).max() <= 1e-5
 
 
-def test_adams_moments_are_carried_over_parameter_by_parameter():
+@pytest.mark.parametrize(
+    "name, pairs",
+    [
+        (
+            "mlp_separate",
+            [
+                ("critic_linear.weight", "value_head.weight"),
+                ("critic_encoder.encoders.obs.mlp_head.2.bias", "critic_encoder.2.bias"),
+                ("action_parameterization.distribution_linear.weight", "action_head.weight"),
+            ],
+        ),
+        (
+            "mlp_separate_lstm2",
+            [
+                ("actor_core.core.weight_hh_l1", "core.weight_hh_l1"),
+                ("critic_core.core.weight_ih_l0", "critic_core.weight_ih_l0"),
+                ("actor_decoder.mlp.0.weight", "decoder.0.weight"),
+                ("critic_decoder.mlp.0.bias", "critic_decoder.0.bias"),
+                ("critic_linear.weight", "value_head.weight"),
+            ],
+        ),
+    ],
+)
+def test_adams_moments_are_carried_over_parameter_by_parameter(name, pairs):
     """Sample Factory's separate-weights model orders its parameters unlike msf's: each moment lands on its own."""
-    ref = np.load(DATA / "mlp_separate" / "reference.npz")
-    cfg, model, _ = _load(DATA, "mlp_separate", _spaces("mlp_separate", ref["obs"], ref["action_logits"]))
-    sf = _load_checkpoint(cfg, EvalArgs(), str(DATA / "mlp_separate"))
+    ref = np.load(DATA / name / "reference.npz")
+    cfg, model, _ = _load(DATA, name, _spaces(name, ref["obs"], ref["action_logits"]))
+    sf = _load_checkpoint(cfg, EvalArgs(), str(DATA / name))
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.learning_rate)
     optimizer.load_state_dict(as_msf_checkpoint(sf, model, optimizer, resume=True, announce=False)["optimizer"])
     sf_params = [k for k in sf["model"] if not k.startswith(("obs_normalizer.", "returns_normalizer."))]
     names = [n for n, _ in model.named_parameters()]
+    assert len(names) == len(sf_params) and len(optimizer.state) == len(sf["optimizer"]["state"]) == len(names)
     assert names.index("value_head.weight") != sf_params.index("critic_linear.weight")
-    for sf_name, msf_name in [
-        ("critic_linear.weight", "value_head.weight"),
-        ("critic_encoder.encoders.obs.mlp_head.2.bias", "critic_encoder.2.bias"),
-        ("action_parameterization.distribution_linear.weight", "action_head.weight"),
-    ]:
+    for sf_name, msf_name in pairs:
         mine = optimizer.state[dict(model.named_parameters())[msf_name]]
         theirs = sf["optimizer"]["state"][sf_params.index(sf_name)]
         assert torch.equal(mine["exp_avg"], theirs["exp_avg"]) and torch.equal(mine["exp_avg_sq"], theirs["exp_avg_sq"])
@@ -165,8 +226,7 @@ def _set(path: Path, **values) -> None:
     "model, edit, named",
     [
         ("mlp", {"encoder_mlp_layers": [7]}, "has no counterpart in msf's model"),
-        ("mlp", {"use_rnn": True, "actor_critic_share_weights": False}, "use_rnn=True with actor_critic_share_weights"),
-        ("mlp", {"decoder_mlp_layers": [8], "actor_critic_share_weights": False}, "decoder_mlp_layers=[8]"),
+        ("mlp_separate", {"use_rnn": True}, "has nothing for msf's core.weight_ih_l0"),
         ("mlp", None, "Sample Factory 2.1.1, the version msf reads: it lacks pbt_optimize_gamma"),
         ("mlp", "tensor", "msf's value_head.bias"),
     ],
@@ -307,3 +367,34 @@ def test_msf_export_writes_a_sample_factory_policy(tmp_path):
     assert [i["name"] for i in desc["inputs"]] == ["obs"]
     logits = run_exported("torchscript", str(path), (torch.as_tensor(ref["obs"]),))[0]
     assert np.abs(logits - ref["action_logits"]).max() <= 1e-5
+
+
+def test_msf_export_writes_a_sample_factory_separate_recurrent_policy(tmp_path):
+    """The exported file of Sample Factory's separate-weights LSTM model gives its logits, values and new states
+    over the 5 steps with episode ends, its own states fed back (its values in return units: Sample Factory's
+    denormalised by its return normaliser)."""
+    from msf.export import main, run_exported
+
+    name = "mlp_separate_lstm2"
+    folder = _copy(name, tmp_path)
+    ref = np.load(DATA / name / "reference.npz")
+    cfg, model, _ = _load(tmp_path, name, _spaces(name, ref["obs"], ref["action_logits"]))
+    assert model.returns_normalizer is not None
+    assert main([f"--experiment={name}", f"--train_dir={tmp_path}", "--format=torchscript"]) == 0
+    path = str(folder / "export" / "policy_p0.pt")
+    desc = json.loads((folder / "export" / "policy_p0.pt.json").read_text())
+    assert [i["name"] for i in desc["inputs"]] == ["obs", "rnn_states"]
+    assert desc["inputs"][1]["shape"] == ["batch", 64] and desc["rnn"]["cores"] == 2
+    h = _sf_to_msf_states(torch.as_tensor(ref["rnn_states"]), cfg)
+    worst = 0.0
+    for t in range(ref["seq_dones"].shape[0]):
+        logits, values, h = run_exported("torchscript", path, (torch.as_tensor(ref["seq_obs"][t]), h))
+        h = torch.as_tensor(h)
+        for got, want in [
+            (logits, ref["seq_action_logits"][t]),
+            (values, model.denormalize_values(torch.as_tensor(ref["seq_values"][t])).numpy()),
+            (_msf_to_sf_states(h, cfg).numpy(), ref["seq_new_rnn_states"][t]),
+        ]:
+            worst = max(worst, float(np.abs(got - want).max()))
+        h = h * (1.0 - torch.as_tensor(ref["seq_dones"][t]))[:, None]
+    assert worst <= 1e-5, worst

@@ -128,6 +128,22 @@ PER_NODE_FLAGS = flags_in_scope(PER_NODE)
 """They may differ between the nodes of one job; all other flags must be the same on every node."""
 
 
+def core_state_size(cfg: Config) -> int:
+    """Floats of state of one recurrent core per agent: GRU ``L x H``, LSTM ``2 x L x H`` (h of every layer, then
+    c); 0 without ``use_rnn``."""
+    if not cfg.use_rnn:
+        return 0
+    return cfg.rnn_num_layers * cfg.rnn_size * (2 if cfg.rnn_type == "lstm" else 1)
+
+
+def rnn_state_size(cfg: Config) -> int:
+    """Floats of recurrent state per agent, the one place that says it: what the trajectory buffer's
+    ``rnn_states`` ``[S, T + 1, rnn_state_size]``, the inference workers, the learner's sequences, msf-enjoy and
+    an exported policy carry. One core's state (:func:`core_state_size`) with ``actor_critic_share_weights``;
+    without, the actor's core's then the critic's, side by side (Sample Factory's order), twice as many."""
+    return core_state_size(cfg) * (1 if cfg.actor_critic_share_weights else 2)
+
+
 @dataclass(frozen=True)
 class Derived:
     """Values computed from a :class:`Config`; never set by hand.
@@ -146,8 +162,7 @@ class Derived:
             whole number: :func:`msf.cfg.validation.check_sync`); 0 with ``--async_rl=True``.
         frameskip: frames per env step used for counting (1 without summaries_use_frameskip).
         num_agents: agents per env (1, or a multi-agent env's ``num_agents``).
-        rnn_state_size: floats of recurrent state per agent (0 without ``use_rnn``; GRU ``L x H``,
-            LSTM ``2 x L x H``).
+        rnn_state_size: floats of recurrent state per agent (:func:`rnn_state_size`).
     """
 
     recurrence: int
@@ -184,9 +199,7 @@ class Derived:
             trajectories_per_iteration=per_iter,
             slots_per_worker=agents_per_worker + spare,
             frameskip=cfg.env_frameskip if cfg.summaries_use_frameskip else 1,
-            rnn_state_size=(cfg.rnn_num_layers * cfg.rnn_size * (2 if cfg.rnn_type == "lstm" else 1))
-            if cfg.use_rnn
-            else 0,
+            rnn_state_size=rnn_state_size(cfg),
             num_agents=num_agents,
             sync_rollouts=sync,
         )

@@ -256,12 +256,6 @@ def _check_model(cfg: Config, p: Problems) -> None:
         "encoder_conv_mlp_layers",
         f"must be positive layer sizes, got {cfg.encoder_conv_mlp_layers}",
     )
-    if cfg.use_rnn:
-        p.check(
-            cfg.actor_critic_share_weights,
-            "actor_critic_share_weights",
-            "must be True with --use_rnn (one encoder and recurrent core for actor and critic)",
-        )
 
 
 def _check_policies(cfg: Config, p: Problems) -> None:

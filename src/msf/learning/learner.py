@@ -335,6 +335,25 @@ class Learner:
             "hyperparameters": self.hyperparameters(),
         }
 
+    def _optimizer_state_for_model(self, saved: dict, saved_model: dict) -> dict:
+        """``saved`` (an optimiser state dict) as it fits this model's parameters: itself, or where the checkpoint
+        predates some of them (the critic's own decoder, which the actor-critic fills from the shared one), its
+        moments moved to their parameters' new positions, the new parameters' moments fresh."""
+        names = [n for n, _ in self.model.named_parameters()]
+        had = [n for n in names if n in saved_model]
+        groups = saved.get("param_groups", [])
+        if had == names or len(groups) != 1 or list(groups[0]["params"]) != list(range(len(had))):
+            return saved
+        log.warning(
+            "the checkpoint predates %s: their optimiser moments start afresh",
+            ", ".join(sorted({n.rsplit(".", 2)[0] for n in names if n not in saved_model})),
+        )
+        position = {n: i for i, n in enumerate(names)}
+        return {
+            "state": {position[had[i]]: v for i, v in saved["state"].items()},
+            "param_groups": [{**groups[0], "params": list(range(len(names)))}],
+        }
+
     def load_state_dict(self, state: dict) -> None:
         """Resume from a checkpoint's state (see :meth:`state_dict`). The optimiser's state is taken only when the
         checkpoint's optimiser is this run's ``--optimizer`` (one without ``optimizer_name`` was Adam's); after a
@@ -346,7 +365,7 @@ class Learner:
         self.model.load_state_dict(state["model"])
         saved = state.get("optimizer_name", "adam")
         if saved == self.cfg.optimizer:
-            self.optimizer.load_state_dict(state["optimizer"])
+            self.optimizer.load_state_dict(self._optimizer_state_for_model(state["optimizer"], state["model"]))
         else:
             log.warning(
                 "the checkpoint's optimiser is %s, this run's --optimizer is %s: its state starts afresh",

@@ -3,8 +3,8 @@
 Shapes: observations ``[N, *obs_shape]`` (float32 vectors, or uint8 images); discrete actions
 ``[N]`` int64, continuous actions ``[N, A]`` float32; values ``[N]`` (in normalised units when the
 return normaliser is on: see :meth:`ActorCritic.denormalize_values`). With the recurrent core,
-its state is a flat ``[B, rnn_state_size]`` float32 per env (GRU: ``L x H``; LSTM: ``2 x L x H``,
-h then c).
+its state is a flat ``[B, rnn_state_size]`` float32 per env (:func:`msf.cfg.config.rnn_state_size`: GRU ``L x H``;
+LSTM ``2 x L x H``, h then c; with separate actor and critic weights the actor's core's state, then the critic's).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.distributions import Categorical, Normal
 
-from msf.cfg.config import Config
+from msf.cfg.config import Config, core_state_size, rnn_state_size
 from msf.envs.registry import EnvSpaces
 from msf.model.distributions import MultiCategorical
 from msf.model.encoders import ConvEncoder, DictEncoder, custom_encoder, mlp
@@ -37,7 +37,11 @@ class PolicyOutput:
 
 
 class ActorCritic(nn.Module):
-    """Shared (or separate) encoder, optional GRU/LSTM core, categorical or Gaussian action head.
+    """Shared (or separate) encoder, optional GRU/LSTM core and decoder, categorical or Gaussian action head.
+
+    With ``--actor_critic_share_weights=False`` the actor and the critic each have their own encoder, core and
+    decoder (Sample Factory's separate weights): the value depends on the critic's parameters only, the action
+    distribution on the actor's only. The state of the two cores is one flat vector, the actor's part first.
 
     Vector observations go through an MLP (``encoder_mlp_layers``) after the running mean/std
     normaliser; image observations (3-D) through a :class:`~msf.model.encoders.ConvEncoder`, scaled to
@@ -51,6 +55,10 @@ class ActorCritic(nn.Module):
     standard deviation (initialised to ``log(cfg.initial_stddev)``), the means squashed to ``c tanh(mean / c)``
     with ``--continuous_tanh_scale=c > 0`` (only there, as in Sample Factory). Standard deviations are clamped to
     ``[1e-4, 1e4]``. ``--decoder_mlp_layers`` adds an MLP between the core (or encoder) and the heads.
+
+    Attributes:
+        rnn_state_size: floats of recurrent state per env (:func:`msf.cfg.config.rnn_state_size`; 0 without a core).
+        core_state_size: floats of one core's state (the actor's, or the critic's).
 
     Raises:
         ValueError: observations of an unsupported rank, or images too small for the conv encoder.
@@ -109,15 +117,27 @@ class ActorCritic(nn.Module):
                 return enc, enc.out_size
             return mlp(spaces.obs_shape[0], cfg.encoder_mlp_layers, cfg.nonlinearity), cfg.encoder_mlp_layers[-1]
 
+        separate = not cfg.actor_critic_share_weights
         self.actor_encoder, hidden = encoder()
-        self.critic_encoder = None if cfg.actor_critic_share_weights else encoder()[0]
-        self.core: nn.Module | None = None
+        self.critic_encoder = encoder()[0] if separate else None
         self.rnn_type, self.rnn_layers, self.rnn_size = cfg.rnn_type, cfg.rnn_num_layers, cfg.rnn_size
+        self.core_state_size, self.rnn_state_size = core_state_size(cfg), rnn_state_size(cfg)
+
+        def core() -> nn.Module | None:
+            if not cfg.use_rnn:
+                return None
+            return (nn.GRU if cfg.rnn_type == "gru" else nn.LSTM)(hidden, cfg.rnn_size, num_layers=cfg.rnn_num_layers)
+
+        self.core = core()
+        self.critic_core = core() if separate else None
         if cfg.use_rnn:
-            rnn = nn.GRU if cfg.rnn_type == "gru" else nn.LSTM
-            self.core = rnn(hidden, cfg.rnn_size, num_layers=cfg.rnn_num_layers)
             hidden = cfg.rnn_size
-        self.decoder = mlp(hidden, cfg.decoder_mlp_layers, cfg.nonlinearity) if cfg.decoder_mlp_layers else None
+
+        def decoder() -> nn.Module | None:
+            return mlp(hidden, cfg.decoder_mlp_layers, cfg.nonlinearity) if cfg.decoder_mlp_layers else None
+
+        self.decoder = decoder()
+        self.critic_decoder = decoder() if separate else None
         if self.decoder is not None:
             hidden = cfg.decoder_mlp_layers[-1]
         self.continuous = not spaces.discrete
@@ -131,13 +151,8 @@ class ActorCritic(nn.Module):
             else None
         )
         self._initialize(cfg.policy_initialization, cfg.policy_init_gain)
-
-    @property
-    def rnn_state_size(self) -> int:
-        """Floats of recurrent state per env (0 without a core)."""
-        if self.core is None:
-            return 0
-        return self.rnn_layers * self.rnn_size * (2 if self.rnn_type == "lstm" else 1)
+        if self.critic_decoder is not None:
+            self.register_load_state_dict_pre_hook(_shared_decoder_for_both)
 
     def _initialize(self, kind: str, gain: float) -> None:
         if kind == "torch_default":
@@ -189,18 +204,19 @@ class ActorCritic(nn.Module):
         return action_params.argmax(-1)
 
     def _run_core(
-        self, x: torch.Tensor, states: torch.Tensor, dones: torch.Tensor | None
+        self, core: nn.Module, x: torch.Tensor, states: torch.Tensor, dones: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Run the core over ``B`` sequences of ``R`` steps.
+        """Run one core (the actor's or the critic's) over ``B`` sequences of ``R`` steps.
 
         Args:
+            core: the ``nn.GRU`` or ``nn.LSTM``.
             x: ``[B * R, F]`` encoder features, sequence-major (each sequence's R steps consecutive).
-            states: ``[B, rnn_state_size]`` the state before each sequence's first step.
+            states: ``[B, core_state_size]`` the state before each sequence's first step.
             dones: ``[B, R]`` episode ends: after a step with done 1 the state is reset to zeros
                 before the next step. None: no resets (one step per sequence, as in inference).
 
         Returns:
-            ``([B * R, rnn_size], [B, rnn_state_size])``: outputs and the states after the last step.
+            ``([B * R, rnn_size], [B, core_state_size])``: outputs and the states after the last step.
         """
         B = states.shape[0]
         R = x.shape[0] // B
@@ -217,7 +233,7 @@ class ActorCritic(nn.Module):
 
         hx = unpack(states)
         if dones is None or R == 1 or not bool(dones[:, :-1].any()):
-            out, hx = self.core(seq, hx)
+            out, hx = core(seq, hx)
         else:
             outs = []
             keep = 1.0 - dones.to(x.dtype)  # [B, R]
@@ -225,7 +241,7 @@ class ActorCritic(nn.Module):
                 if t:
                     m = keep[:, t - 1].view(1, B, 1)
                     hx = (hx[0] * m, hx[1] * m) if self.rnn_type == "lstm" else hx * m
-                o, hx = self.core(seq[t : t + 1], hx)
+                o, hx = core(seq[t : t + 1], hx)
                 outs.append(o)
             out = torch.cat(outs)
         return out.transpose(0, 1).reshape(B * R, H), pack(hx)
@@ -233,19 +249,26 @@ class ActorCritic(nn.Module):
     def forward_with_states(
         self, obs: torch.Tensor, rnn_states: torch.Tensor | None = None, dones: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """:meth:`forward` that also returns the core's states after the last step (None without a core)."""
+        """:meth:`forward` that also returns the cores' states ``[B, rnn_state_size]`` after the last step (None
+        without a core)."""
         x = self.normalize_obs(obs)
         h = self.actor_encoder(x)
+        hc = None if self.critic_encoder is None else self.critic_encoder(x)  # None: the critic shares the actor's
         new_states = None
         if self.core is not None:
             if rnn_states is None:
                 rnn_states = torch.zeros(obs.shape[0], self.rnn_state_size, device=obs.device)
-            h, new_states = self._run_core(h, rnn_states, dones)
-        hc = h if self.critic_encoder is None else self.critic_encoder(x)
+            if self.critic_core is None:
+                h, new_states = self._run_core(self.core, h, rnn_states, dones)
+            else:  # the actor's state, then the critic's (Sample Factory's order)
+                S = self.core_state_size
+                h, actor_states = self._run_core(self.core, h, rnn_states[:, :S], dones)
+                hc, critic_states = self._run_core(self.critic_core, hc, rnn_states[:, S:], dones)
+                new_states = torch.cat([actor_states, critic_states], dim=1)
         if self.decoder is not None:
             h = self.decoder(h)
-            hc = h if self.critic_encoder is None else self.decoder(hc)
-        return self._action_params(h, obs), self.value_head(hc).squeeze(-1), new_states
+            hc = None if hc is None else self.critic_decoder(hc)
+        return self._action_params(h, obs), self.value_head(h if hc is None else hc).squeeze(-1), new_states
 
     def _action_params(self, h: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
         """The action head on ``[N, H]`` features: logits ``[N, A]``, or Gaussian means and log standard deviations
@@ -354,3 +377,14 @@ class ActorCritic(nn.Module):
     def normalize_values(self, values: torch.Tensor) -> torch.Tensor:
         """Return-unit values into the value head's units."""
         return self.returns_normalizer.normalize(values) if self.returns_normalizer is not None else values
+
+
+def _shared_decoder_for_both(module, state_dict, prefix, *_) -> None:
+    """Until 2026-12-01 msf's separate-weights model had one decoder, applied to the actor's and the critic's
+    features alike: such a checkpoint's ``decoder.*`` becomes the critic's decoder too (the same function;
+    training then moves the two apart)."""
+    own = prefix + "decoder."
+    if any(k.startswith(prefix + "critic_decoder.") for k in state_dict):
+        return
+    for key in [k for k in state_dict if k.startswith(own)]:
+        state_dict[prefix + "critic_" + key[len(prefix) :]] = state_dict[key]

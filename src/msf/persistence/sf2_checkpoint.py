@@ -20,7 +20,10 @@ The standard model maps tensor for tensor (Sample Factory's name, then msf's)::
     actor_encoder.encoders.obs.* / critic_encoder.encoders.obs.*
                                                       actor_encoder.* / critic_encoder.*    (separate weights)
     core.core.*                                       core.*                      (GRU / LSTM)
+    actor_core.core.* / critic_core.core.*            core.* / critic_core.*      (separate weights)
     decoder.mlp.{i}.*                                 decoder.{i}.*
+    actor_decoder.mlp.{i}.* / critic_decoder.mlp.{i}.*
+                                                      decoder.{i}.* / critic_decoder.{i}.*  (separate weights)
     critic_linear.*                                   value_head.*
     action_parameterization.distribution_linear.*    action_head.*
     action_parameterization.learned_stddev            log_std
@@ -37,8 +40,7 @@ Factory observation is moved to the channel axis of msf's observation when that 
 
 Refused, with one line naming what could not be mapped (:class:`Sf2Refused`; the callers make it their
 ``ConfigError``, exit code 2, before anything is written): a config that is not Sample Factory 2.1.1's (its keys), a
-Sample Factory tensor without a counterpart in msf's model (a custom encoder, a recurrent critic
-of ``actor_critic_share_weights=False`` with ``use_rnn``, separate decoders, other observation keys than ``obs``),
+Sample Factory tensor without a counterpart in msf's model (a custom encoder, other observation keys than ``obs``),
 an msf tensor without one, a shape that differs, observation scaling or a squashed Gaussian that msf's model does
 not do, and resuming a run of several policies (their env-step counters are per policy in Sample Factory).
 
@@ -132,7 +134,10 @@ _TOP = (
     ("critic_encoder.encoders.obs.", "critic_encoder."),
     ("core.core.", "core."),
     ("actor_core.core.", "core."),
+    ("critic_core.core.", "critic_core."),
     ("decoder.mlp.", "decoder."),
+    ("actor_decoder.mlp.", "decoder."),
+    ("critic_decoder.mlp.", "critic_decoder."),
     ("critic_linear.", "value_head."),
     ("action_parameterization.distribution_linear.", "action_head."),
 )
@@ -238,22 +243,12 @@ def msf_config_dict(d: dict, path: str, config_cls: type) -> dict:
 
     Raises:
         Sf2Refused: not Sample Factory 2.1.1's; a flag that shapes the model with a value msf's model does not have
-            (``use_rnn`` with separate actor and critic weights, separate decoders, an encoder architecture msf has
-            not, for a model whose checkpoint has a convolutional encoder or cannot be read).
+            (an encoder architecture msf has not, for a model whose checkpoint has a convolutional encoder or cannot
+            be read).
     """
     if not is_sf2_config(d):
         return d
     _check_version(d, path)
-    if d["use_rnn"] and not d["actor_critic_share_weights"]:
-        _refuse(
-            f"{path}: use_rnn=True with actor_critic_share_weights=False gives the critic a recurrent core of its "
-            "own in Sample Factory; msf's critic has none, so the model cannot be mapped"
-        )
-    if d["decoder_mlp_layers"] and not d["actor_critic_share_weights"]:
-        _refuse(
-            f"{path}: decoder_mlp_layers={d['decoder_mlp_layers']} with actor_critic_share_weights=False gives actor "
-            "and critic decoders of their own in Sample Factory; msf's model has one, so the model cannot be mapped"
-        )
     fields = {f.name: f for f in dataclasses.fields(config_cls)}
     out: dict = {}
     dropped = []
@@ -330,8 +325,8 @@ def _msf_name(key: str) -> str | None:
 
 
 def _hint(key: str) -> str:
-    if key.startswith("critic_core."):
-        return " (the critic's recurrent core of use_rnn with actor_critic_share_weights=False: msf's critic has none)"
+    if "core." in key:
+        return " (use_rnn, rnn_type, rnn_num_layers)"
     if "decoder." in key:
         return " (decoder_mlp_layers)"
     if key.startswith(_NORMALIZERS):

@@ -18,9 +18,13 @@ statistics to random values (so that they matter), and writes what Sample Factor
   the CartPole model also has a ``best_000000010_1280_reward_123.000.pth``;
 * ``<model>/reference.npz``: ``obs`` ``[N, *obs_shape]``, the ``rnn_states`` ``[N, S]`` given to the model
   (Sample Factory's layout), and its outputs in eval mode: ``action_logits`` ``[N, P]`` (for the Gaussian head
-  means then log standard deviations), ``values`` ``[N]``, ``new_rnn_states`` ``[N, S]``.
+  means then log standard deviations), ``values`` ``[N]``, ``new_rnn_states`` ``[N, S]``; for the recurrent
+  models with separate actor and critic weights also a run of ``K = 5`` steps from those states, each step's
+  state the last one's new state zeroed where an episode ended (as Sample Factory's rollout workers do):
+  ``seq_obs`` ``[K, N, *obs_shape]``, ``seq_dones`` ``[K, N]`` (the episode ended after that step),
+  ``seq_action_logits`` ``[K, N, P]``, ``seq_values`` ``[K, N]``, ``seq_new_rnn_states`` ``[K, N, S]``.
 
-To keep the shipped data small (about 1.5 MB), the conv models have a 16-unit fully connected layer after the conv
+To keep the shipped data small (about 2 MB), the conv models have a 16-unit fully connected layer after the conv
 stack (``encoder_conv_mlp_layers=[16]``, Sample Factory's default is 512: the key layout is the same); the
 convnet_atari model has the real Atari observation ``[4, 84, 84]``, convnet_simple and resnet_impala smaller
 images (``[3, 36, 36]``, ``[3, 16, 16]``) with the same conv stacks.
@@ -41,6 +45,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 SEED = 20240611
 N_OBS = 20
+K_STEPS = 5
 
 
 def pixels(rng: np.random.Generator, n: int, shape: tuple[int, ...], block: int) -> np.ndarray:
@@ -88,6 +93,38 @@ MODELS = {
             "16",
             "8",
             "--use_rnn=False",
+            "--actor_critic_share_weights=False",
+        ],
+        CARTPOLE_OBS,
+        gym.spaces.Discrete(2),
+        True,
+    ),
+    # separate weights: an encoder, a decoder (and a core) each for actor and critic (ActorCriticSeparateWeights)
+    "mlp_separate_decoder": (
+        [
+            "--env=CartPole-v1",
+            "--encoder_mlp_layers",
+            "16",
+            "--decoder_mlp_layers",
+            "8",
+            "--use_rnn=False",
+            "--actor_critic_share_weights=False",
+        ],
+        CARTPOLE_OBS,
+        gym.spaces.Discrete(2),
+        True,
+    ),
+    "mlp_separate_lstm2": (
+        [
+            "--env=CartPole-v1",
+            "--encoder_mlp_layers",
+            "16",
+            "--use_rnn=True",
+            "--rnn_type=lstm",
+            "--rnn_size=8",
+            "--rnn_num_layers=2",
+            "--decoder_mlp_layers",
+            "8",
             "--actor_critic_share_weights=False",
         ],
         CARTPOLE_OBS,
@@ -178,6 +215,28 @@ def observations(rng: np.random.Generator, space: gym.spaces.Box) -> np.ndarray:
     return obs
 
 
+def steps(model, rng: np.random.Generator, obs_space: gym.spaces.Box, rnn_states: torch.Tensor) -> dict:
+    """``K_STEPS`` steps of the model in eval mode from ``rnn_states``, with episode ends (the ``seq_*`` arrays)."""
+    obs = np.stack([observations(rng, obs_space) for _ in range(K_STEPS)])
+    dones = (rng.random((K_STEPS, N_OBS)) < 0.3).astype(np.float32)
+    dones[-1] = 0.0
+    logits, values, new_states = [], [], []
+    with torch.no_grad():
+        for t in range(K_STEPS):
+            out = model(model.normalize_obs({"obs": torch.as_tensor(obs[t])}), rnn_states)
+            logits.append(out["action_logits"].numpy())
+            values.append(out["values"].numpy())
+            new_states.append(out["new_rnn_states"].numpy())
+            rnn_states = out["new_rnn_states"] * (1.0 - torch.as_tensor(dones[t])).unsqueeze(-1)
+    return dict(
+        seq_obs=obs,
+        seq_dones=dones,
+        seq_action_logits=np.stack(logits),
+        seq_values=np.stack(values),
+        seq_new_rnn_states=np.stack(new_states),
+    )
+
+
 def make(name: str) -> None:
     from sample_factory.model.actor_critic import create_actor_critic
     from sample_factory.model.model_utils import get_rnn_size
@@ -234,6 +293,10 @@ def make(name: str) -> None:
         normalized = model.normalize_obs({"obs": torch.as_tensor(obs)})
         out = model(normalized, rnn_states)
 
+    sequence = {}
+    if cfg.use_rnn and not cfg.actor_critic_share_weights:
+        sequence = steps(model, rng, obs_space, rnn_states)
+
     exp = os.path.join(HERE, name)
     shutil.rmtree(exp, ignore_errors=True)
     os.makedirs(os.path.join(exp, "checkpoint_p0"))
@@ -257,6 +320,7 @@ def make(name: str) -> None:
         action_logits=out["action_logits"].numpy(),
         values=out["values"].numpy(),
         new_rnn_states=out["new_rnn_states"].numpy(),
+        **sequence,
     )
     size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(exp) for f in fs)
     print(f"{name}: {sum(p.numel() for p in params)} parameters, {size / 1024:.0f} KiB")
