@@ -137,3 +137,14 @@ def trained_cartpole(tmp_path_factory) -> Path:
     )
     assert r.returncode == 0, r.stderr[-3000:]
     return train_dir / "cartpole_s0"
+
+
+def first_step_reaching(exp_dir: Path, threshold: float, tag: str = "episode/return_mean") -> int | None:
+    """The first env step of the run's TensorBoard curve ``tag`` at or above ``threshold`` (None: never)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(exp_dir / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    if tag not in acc.Tags()["scalars"]:
+        return None
+    return next((e.step for e in acc.Scalars(tag) if e.value >= threshold), None)

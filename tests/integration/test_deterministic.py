@@ -45,10 +45,13 @@ def _same_tensors(a: dict, b: dict) -> list[str]:
 
 
 def _same_run(sa: dict, sb: dict, ca: dict, cb: dict) -> None:
-    # (not the episode count: episodes are reported to the loop every 0.25 s, so the count at the last agreement
-    # depends on timing; the training does not)
     assert (sa["env_steps"], sa["train_steps"]) == (sb["env_steps"], sb["train_steps"])
     assert _same_tensors(ca, cb) == []
+    # the episodes too: the same count, and the same returns and lengths in the same order (read from the
+    # batches in env order, not from the workers' timed reports)
+    assert ca["episodes"] == cb["episodes"] and sa["episodes"] == sb["episodes"] == ca["episodes"] > 0
+    assert ca["episode_returns"] == cb["episode_returns"] and len(ca["episode_returns"]) > 5
+    assert ca["episode_lengths"] == cb["episode_lengths"]
 
 
 @pytest.mark.parametrize(

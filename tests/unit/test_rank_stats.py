@@ -12,7 +12,9 @@ from msf.distributed.rank_stats import RankStats, gather_episode_means, gather_r
 
 
 class Recorder(Collectives):
-    """One rank: records what it would send to the others."""
+    """Rank 1 of a two-rank world: records what it would send to the others."""
+
+    world_size = 2
 
     def __init__(self):
         self.sent: list[torch.Tensor] = []
@@ -72,7 +74,19 @@ def test_episode_means_are_over_every_ranks_last_episodes():
     # rank 1's episodes: policy 0 has two, policy 1 none yet
     rank1 = Recorder()
     gather_episode_means([[10.0, 20.0], []], [[100, 200], []], 4, rank1)
-    mine_r, mine_l = [[1.0, 2.0, 3.0], []], [[7, 8, 9], []]
+    mine_r, mine_l = [[2.0, 3.0], []], [[8, 9], []]
     means = gather_episode_means(mine_r, mine_l, 4, TwoRanks(rank1.sent))
-    assert means[0] == (statistics.mean([1.0, 2.0, 3.0, 10.0, 20.0]), statistics.mean([7, 8, 9, 100, 200]))
+    assert means[0] == (statistics.mean([2.0, 3.0, 10.0, 20.0]), statistics.mean([8, 9, 100, 200]))
     assert means[1] == (None, None)  # no rank has an episode of policy 1
+
+
+def test_the_window_holds_stats_avg_episodes_of_the_job_whatever_the_ranks():
+    # --stats_avg=5 over 2 ranks: each gives its newest ceil(5/2) = 3 (oldest first in each list), not all 5,
+    # so that the window spans as many env steps as one learner's
+    rank1 = Recorder()
+    gather_episode_means([[1.0, 2.0, 3.0, 4.0, 5.0]], [[1, 2, 3, 4, 5]], 5, rank1)
+    assert rank1.sent[0].shape == (1, 2, 3)
+    means = gather_episode_means([[10.0, 20.0, 30.0, 40.0, 50.0]], [[10, 20, 30, 40, 50]], 5, TwoRanks(rank1.sent))
+    assert means[0] == (statistics.mean([3.0, 4.0, 5.0, 30.0, 40.0, 50.0]), statistics.mean([3, 4, 5, 30, 40, 50]))
+    # one rank: the whole window, as before
+    assert gather_episode_means([[1.0, 2.0, 3.0]], [[1, 2, 3]], 2, Collectives())[0] == (2.5, 2.5)

@@ -379,8 +379,8 @@ class ModelFlags:
     )
     use_rnn: bool = flag(
         False,
-        "A recurrent core after the encoder; its state is kept per env in the trajectory buffer and reset at "
-        "episode ends",
+        "A recurrent core after the encoder (with --actor_critic_share_weights=False, one for the actor and one for "
+        "the critic); its state is kept per env in the trajectory buffer and reset at episode ends",
         scope=(FIXED,),
     )
     rnn_type: str = flag("gru", "Type of the recurrent core", ("gru", "lstm"), scope=(FIXED,))
@@ -388,7 +388,10 @@ class ModelFlags:
     rnn_num_layers: int = flag(1, "Layers of the recurrent core", scope=(FIXED,))
     nonlinearity: str = flag("elu", "Activation of the encoder", ("elu", "relu", "tanh"), scope=(FIXED,))
     actor_critic_share_weights: bool = flag(
-        True, "One encoder for actor and critic (False: two separate encoders)", scope=(FIXED,)
+        True,
+        "One encoder, recurrent core and decoder for actor and critic (False: each has its own, as in Sample "
+        "Factory; the recurrent state per env is then twice as large, the actor's then the critic's)",
+        scope=(FIXED,),
     )
     policy_initialization: str = flag(
         "orthogonal",
@@ -410,7 +413,10 @@ class ModelFlags:
         "Continuous actions: squash the Gaussian's mean to scale x tanh(mean / scale) (0: no squashing)",
     )
     decoder_mlp_layers: list = flag(
-        [], "Hidden layers after the encoder and the recurrent core, before the heads (empty: none)", scope=(FIXED,)
+        [],
+        "Hidden layers after the encoder and the recurrent core, before the heads (empty: none; with "
+        "--actor_critic_share_weights=False, the actor and the critic each have their own)",
+        scope=(FIXED,),
     )
 
 
@@ -538,7 +544,11 @@ class PersistenceFlags:
         ("reward",),
     )
     experiment_summaries_interval: int = flag(10, "Seconds between TensorBoard summaries and log status lines")
-    stats_avg: int = flag(100, "Episodes averaged in episode_return_mean and the other episode statistics")
+    stats_avg: int = flag(
+        100,
+        "Episodes averaged in episode_return_mean and the other episode statistics: the job's last stats_avg, "
+        "taken in equal shares from the device groups",
+    )
     with_progress_bar: bool = flag(True, "Show a progress bar when the console is a terminal", scope=(LAUNCH, PER_NODE))
     with_wandb: bool = flag(
         False,

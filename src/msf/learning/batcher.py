@@ -40,12 +40,15 @@ class Taken:
         trajectories: taken out of the buffer by this call (their slots were returned), kept or dropped.
         dropped: of those, how many were dropped as too old (policy lag above ``max_policy_lag``).
         env_steps: agent steps of the ``trajectories`` (``trajectories x rollout``).
+        keys: with ``in_env_order`` and a batch: ``[B]`` int64, each trajectory's ``slot_key`` (job-wide env row
+            x 2**32 + that row's trajectory count), ascending as the batch's rows are; else None.
     """
 
     batch: Batch | None
     trajectories: int
     dropped: int
     env_steps: int
+    keys: torch.Tensor | None = None
 
 
 class Batcher:
@@ -121,7 +124,9 @@ class Batcher:
                 version that acted in it.
         """
         trajectories, dropped = self._copy_out(policy, policy_version)
-        return Taken(self._next_batch(policy), trajectories, dropped, trajectories * self.buffer.rollout)
+        batch = self._next_batch(policy)
+        keys = None if batch is None else batch.pop(_KEY, None)
+        return Taken(batch, trajectories, dropped, trajectories * self.buffer.rollout, keys)
 
     def _copy_out(self, policy: int, policy_version: int) -> tuple[int, int]:
         pending = self._pending[policy]
@@ -173,9 +178,7 @@ class Batcher:
         rest = {k: v[n:] for k, v in joined.items()}
         self._ready[policy] = [rest] if rest["rewards"].shape[0] else []
         self._ready_count[policy] -= n
-        batch = {k: v[:n] for k, v in joined.items()}
-        batch.pop(_KEY, None)
-        return batch
+        return {k: v[:n] for k, v in joined.items()}
 
     def empty_batch(self) -> Batch:
         """A batch of a real one's shapes and dtypes (``trajectories_per_iteration`` trajectories) whose samples

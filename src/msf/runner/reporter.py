@@ -154,7 +154,7 @@ class Reporter:
         return self.local_steps * self.derived.frameskip / max(self.clock() - self.start_time, 1e-9)
 
     def return_mean(self, policy: int = 0) -> float | None:
-        """Mean return of the last ``stats_avg`` episodes of every replica (as of the last summary)."""
+        """Mean return of the job's last ``stats_avg`` episodes (``gather_episode_means``; as of the last summary)."""
         ps = self.global_stats.get("policies")
         return ps[policy]["return_mean"] if ps else None
 

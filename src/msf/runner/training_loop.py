@@ -27,6 +27,7 @@ from msf.learning.learner import Learner
 from msf.persistence.summaries import TensorBoardSummaries
 from msf.persistence.train_state import TrainState
 from msf.runner.checkpoints import Checkpoints
+from msf.runner.episode_tally import EpisodeTally
 from msf.runner.pbt_round import PbtRounds
 from msf.runner.reporter import Reporter
 from msf.runtime.supervision import ChildDied, ComponentFailure, check_children, describe_exit, killed_children
@@ -162,6 +163,8 @@ class TrainingLoop:
         self.reporter = Reporter(
             cfg, derived, rank, state, learners, ch.rollout_wait, ch.inference_stats, tb, world, self.start_time
         )
+        # --deterministic: episodes read from the batches in env order, not from the workers' timed reports
+        self.tallies = [EpisodeTally() for _ in learners] if cfg.deterministic else None
         self.checkpoints = Checkpoints(cfg, exp_dir, state, learners, rank, self.start_time)
         self.pbt = PbtRounds(cfg, state, learners, weights, world, rank.is_main, self.frames)
         self.stop_reason: str | None = None
@@ -186,10 +189,15 @@ class TrainingLoop:
                 s: EpisodeStats = self.ch.stats_queue.get_nowait()
             except queue.Empty:
                 return
+            if self.tallies is not None:
+                continue  # the same episodes come from the batches (_take_batches), in an order timing cannot change
             for ret, length, p in zip(s.returns, s.lengths, s.policies):
-                self.state.policies[p].returns.append(ret)
-                self.state.policies[p].lengths.append(length)
-            self.since_agreement.episodes += len(s.returns)
+                self._note_episodes(p, [ret], [length])
+
+    def _note_episodes(self, policy: int, returns: list[float], lengths: list[int]) -> None:
+        self.state.policies[policy].returns.extend(returns)
+        self.state.policies[policy].lengths.extend(lengths)
+        self.since_agreement.episodes += len(returns)
 
     def _take_batches(self) -> list[Batch | None]:
         """Each policy's next batch, or None while it has fewer trajectories than an iteration needs."""
@@ -202,6 +210,8 @@ class TrainingLoop:
             self.since_agreement.env_steps += taken.env_steps
             self.since_agreement.dropped_trajectories += taken.dropped
             self.reporter.local_steps += taken.env_steps
+            if self.tallies is not None and taken.batch is not None:
+                self._note_episodes(p, *self.tallies[p].add(taken.batch, taken.keys))
             batches.append(taken.batch)
         return batches
 

@@ -1,0 +1,56 @@
+"""``--deterministic``'s episode statistics: read from the trajectories the learner trains on, in their order."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+class EpisodeTally:
+    """The episodes that ended in each batch, from the batch's own rewards and dones.
+
+    Rollout workers report finished episodes on a queue every ~0.25 s, so which episodes a summary or a
+    checkpoint holds, and in which order, depends on timing. With ``--deterministic`` the training loop takes
+    the episodes from here instead: each batch's trajectories are in job-wide env order (``Taken.keys``), so
+    the episodes come out ordered by (env row, step), the same on every run of the same seed and whether the
+    envs are stepped by worker processes or by ``--serial_mode``. An episode that began in an earlier batch
+    is carried over by its env row (a row's trajectories follow each other from batch to batch).
+
+    The sums are over the float32 rewards of the buffer, added in float64 in step order (the workers' own
+    reports add the env's float64 rewards: the two may differ in the last bits for non-integer rewards).
+    """
+
+    def __init__(self) -> None:
+        self._carry: dict[int, tuple[float, int]] = {}  # env row -> (return so far, length so far)
+
+    def add(self, batch: dict[str, torch.Tensor], keys: torch.Tensor) -> tuple[list[float], list[int]]:
+        """The episodes that ended in ``batch``, in (env row, step) order.
+
+        Args:
+            batch: ``rewards`` ``[B, T]`` float32 (raw env rewards) and ``dones`` ``[B, T]`` uint8, its rows
+                ordered by ``keys``.
+            keys: ``[B]`` int64 slot keys, ascending: ``row << 32 | that row's trajectory count``.
+
+        Returns:
+            (returns, lengths in agent steps) of the episodes that ended, oldest row first.
+        """
+        rewards = batch["rewards"].numpy().astype(np.float64)
+        dones = batch["dones"].numpy().astype(bool)
+        rows = (keys >> 32).tolist()
+        T = rewards.shape[1]
+        returns: list[float] = []
+        lengths: list[int] = []
+        for i, row in enumerate(rows):
+            ret, length = self._carry.get(row, (0.0, 0))
+            ends = np.flatnonzero(dones[i])
+            start = 0
+            for t in ends.tolist():
+                for r in rewards[i, start : t + 1].tolist():  # in step order: the same sum on every run
+                    ret += r
+                returns.append(ret)
+                lengths.append(length + t + 1 - start)
+                ret, length, start = 0.0, 0, t + 1
+            for r in rewards[i, start:].tolist():
+                ret += r
+            self._carry[row] = (ret, length + T - start)
+        return returns, lengths
