@@ -73,6 +73,18 @@ def test_the_same_seed_gives_the_same_run(train_dir, extra):
         assert weights and set(weights) <= set(differ), differ
 
 
+@pytest.mark.slow
+def test_two_runs_of_100k_steps_are_the_same_run(train_dir):
+    """The issue's length: 100,000 env steps (781 iterations), twice with one seed: the same episode returns in
+    the same order and bit-identical model and optimiser tensors."""
+    args = [*CARTPOLE, "--seed=21"]
+    sa, ca = _train(train_dir, "long_a", args, 100_000)
+    sb, cb = _train(train_dir, "long_b", args, 100_000)
+    assert sa["env_steps"] >= 100_000
+    _same_run(sa, sb, ca, cb)
+    assert len(ca["episode_returns"]) == 100  # the window is full (--stats_avg)
+
+
 def test_a_gru_model_on_a_memory_task_repeats_too(train_dir):
     args = [
         "--env=msf_test_envs:MsfCueMemory-v0",

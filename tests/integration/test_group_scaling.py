@@ -1,6 +1,8 @@
 """Two device groups at half the batch learn what one group learns: the env steps CartPole-v1 needs to a mean
-return of 475, over 5 seeds, with one group x 512 and two groups x 256 (the same global batch), in the default
-asynchronous mode and with --deterministic=True."""
+return of 475, over 5 seeds, with one group x 512 and two groups x 256 (the same global batch), asynchronous
+(the default). With --deterministic=True the two runs are the same run up to the all-reduce's rounding
+(tests/integration/test_deterministic.py); its 5-seed study is in benchmarks/group_scaling.py (slower, and
+longer than the slow suite's budget allows)."""
 
 from __future__ import annotations
 
@@ -8,24 +10,17 @@ import math
 import statistics
 
 import pytest
+import torch
 
 from .conftest import SLACK_S, SMALL_ENV_FLAGS, first_step_reaching, read_summary, run_msf
 
 SEEDS = (0, 1, 2, 3, 4)
-BUDGET = 250_000  # env steps per run; a run that has not reached 475 by then counts as never (inf)
+BUDGET = 200_000  # env steps per run; a run that has not reached 475 by then counts as never (inf)
 FLAGS = [f for f in SMALL_ENV_FLAGS if not f.startswith("--batch_size")]
-MODES = {
-    # the README's small-env settings: 2 workers x 16 envs
-    "async": {"one": ["--batch_size=512"], "two": ["--batch_size=256", "--nproc_per_node=2"]},
-    # a synchronous iteration is the whole rollout of each group's envs: 2 workers x 8 envs (512 samples)
-    "deterministic": {
-        "one": ["--num_envs_per_worker=8", "--batch_size=512", "--deterministic=True"],
-        "two": ["--num_envs_per_worker=8", "--batch_size=256", "--nproc_per_node=2", "--deterministic=True"],
-    },
-}
+ONE, TWO = ["--batch_size=512"], ["--batch_size=256", "--nproc_per_node=2"]  # the README's 2 workers x 16 envs
 
 
-def _steps_to_475(train_dir, name: str, seed: int, extra: list[str]) -> float:
+def _run(train_dir, name: str, seed: int, extra: list[str]) -> tuple[float, dict]:
     r = run_msf(
         [
             "--env=CartPole-v1",
@@ -40,21 +35,40 @@ def _steps_to_475(train_dir, name: str, seed: int, extra: list[str]) -> float:
         timeout=240 + SLACK_S,
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    assert read_summary(train_dir, name)["status"] == "done"
+    s = read_summary(train_dir, name)
+    assert s["status"] == "done"
     step = first_step_reaching(train_dir / name, 475.0)
-    return math.inf if step is None else float(step)
+    return (math.inf if step is None else float(step)), s
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", sorted(MODES))
-def test_two_groups_at_half_the_batch_need_no_more_samples_than_one_group(train_dir, mode):
-    one, two = [], []
+def test_two_groups_at_half_the_batch_need_no_more_samples_than_one_group(train_dir):
+    """The issue's bound: over 5 seeds, the median env steps of 2 groups x 256 to a mean return of 475 (the job's
+    last 100 episodes) at most 10% above one group x 512's. Before the episode window was the job's (each rank
+    gave its whole --stats_avg), the same runs measured about 30% above (benchmarks/README.md)."""
+    one, two, finals_one, finals_two = [], [], [], []
     for seed in SEEDS:  # interleaved: the machine's drift falls on both alike
-        one.append(_steps_to_475(train_dir, f"one_s{seed}", seed, MODES[mode]["one"]))
-        two.append(_steps_to_475(train_dir, f"two_s{seed}", seed, MODES[mode]["two"]))
+        steps, s = _run(train_dir, f"one_s{seed}", seed, ONE)
+        one.append(steps)
+        finals_one.append(s["episode_return_mean"])
+        steps, s = _run(train_dir, f"two_s{seed}", seed, TWO)
+        two.append(steps)
+        finals_two.append(s["episode_return_mean"])
+        _check_two_group_run(train_dir / f"two_s{seed}", s)
     m1, m2 = statistics.median(one), statistics.median(two)
     assert m1 < math.inf, (one, two)
-    # the issue's bound: the median of two groups within 10% of one group's (async: not more than 10% above)
-    assert m2 <= 1.10 * m1, (mode, one, two)
-    if mode == "deterministic":
-        assert m2 >= 0.90 * m1, (mode, one, two)
+    assert m2 <= 1.10 * m1, (one, two)
+    # both learn CartPole within the budget: a median of 450 at the end
+    assert statistics.median(finals_one) >= 450 and statistics.median(finals_two) >= 450, (finals_one, finals_two)
+
+
+def _check_two_group_run(exp, s: dict) -> None:
+    """What a 2-group run leaves: both ranks' figures and log lines, a checkpoint of the global state that loads
+    without DDP."""
+    assert (s["world_size"], s["nproc_per_node"], s["nnodes"]) == (2, 2, 1)
+    assert len(s["fps_per_rank"]) == 2 and all(f > 0 for f in s["fps_per_rank"])
+    log = (exp / "log.txt").read_text()
+    assert "[rank 0]" in log and "[rank 1]" in log
+    state = torch.load(sorted((exp / "checkpoint_p0").glob("checkpoint_*.pth"))[-1], weights_only=True)
+    assert state["world_size"] == 2 and state["env_steps"] == s["env_steps"]
+    assert not any(k.startswith("module.") for k in state["model"])

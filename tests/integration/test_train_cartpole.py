@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import statistics
 
-import pytest
 import torch
 
 from .conftest import SMALL_ENV_FLAGS, read_summary, run_msf
@@ -59,17 +57,6 @@ def test_cartpole_reaches_450_within_300k_steps(trained_cartpole):
     assert state["env_steps"] == s["env_steps"] and state["train_step"] == s["train_steps"]
     assert list((exp / "tensorboard").glob("events.out.tfevents.*"))
     assert "frames" in (exp / "log.txt").read_text()
-
-
-@pytest.mark.slow
-def test_cartpole_three_seeds():
-    """Async runs are not bit-reproducible: median >= 450 over 3 seeds, none below 300."""
-    import tempfile
-    from pathlib import Path
-
-    with tempfile.TemporaryDirectory() as td:
-        returns = [_train_cartpole(Path(td), seed)["episode_return_mean"] for seed in (1, 2, 3)]
-    assert statistics.median(returns) >= 450 and min(returns) >= 300, returns
 
 
 def test_frameskip_counts_frames_and_resume_continues(train_dir):
