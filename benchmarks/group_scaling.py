@@ -94,10 +94,12 @@ def main() -> None:
             base = med if base is None else base
             ratio = "-" if math.isinf(med) or math.isinf(base) else f"{med / base:.3f}"
             lags = [r["lag"] for r in rows if r["lag"] is not None]
+            finals = [r["final"] for r in rows if r["final"] is not None]
+            lag = f"{statistics.mean(lags):.2f}" if lags else "n/a"
+            final = f"{statistics.median(finals):.1f}" if finals else "n/a"
             print(
                 f"| {mode} | {name} | {' / '.join('never' if s is None else f'{s:,}' for s in steps)} "
-                f"| {'never' if math.isinf(med) else f'{med:,.0f}'} | {ratio} "
-                f"| {statistics.mean(lags):.2f} | {statistics.median(r['final'] for r in rows):.1f} |"
+                f"| {'never' if math.isinf(med) else f'{med:,.0f}'} | {ratio} | {lag} | {final} |"
             )
 
 

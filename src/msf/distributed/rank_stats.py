@@ -74,8 +74,8 @@ def gather_episode_means(
 
     Each of the ``W`` ranks gives its last ``ceil(capacity / W)`` episodes, so that the window holds about
     ``capacity`` episodes whatever the number of ranks, as one learner's ``--stats_avg`` window does (Sample
-    Factory's meaning of the flag). The ranks advance in lockstep (one all-reduce per iteration, each over
-    the same number of envs), so equal shares are the job's most recent episodes up to one iteration.
+    Factory's meaning of the flag). The ranks advance in lockstep (one all-reduce per iteration, each rank
+    training the same number of trajectories in it), so equal shares are the job's most recent episodes up to one iteration.
     Taking every rank's whole ``capacity`` would make the window ``W`` times longer in env steps and the mean
     lag behind the policy by as much: with 2 ranks, CartPole's mean crossed 475 about 30,000 env steps
     later than one learner's, for the same learning.
