@@ -75,10 +75,10 @@ def gather_episode_means(
     Each of the ``W`` ranks gives its last ``ceil(capacity / W)`` episodes, so that the window holds about
     ``capacity`` episodes whatever the number of ranks, as one learner's ``--stats_avg`` window does (Sample
     Factory's meaning of the flag). The ranks advance in lockstep (one all-reduce per iteration, each rank
-    training the same number of trajectories in it), so equal shares are the job's most recent episodes up to one iteration.
-    Taking every rank's whole ``capacity`` would make the window ``W`` times longer in env steps and the mean
-    lag behind the policy by as much: with 2 ranks, CartPole's mean crossed 475 about 30,000 env steps
-    later than one learner's, for the same learning.
+    training the same number of trajectories in it), so equal shares are the job's most recent episodes up to
+    one iteration. Taking every rank's whole ``capacity`` would make the window ``W`` times longer in env steps
+    and the mean lag behind the policy by as much: with 2 ranks, CartPole's mean crossed 475 about 50,000 env
+    steps later than with the job's window, for the same learning (benchmarks/README.md, 2026-12-01).
 
     Args:
         returns, lengths: per policy, this rank's last episodes (raw env rewards summed; agent steps), at most
