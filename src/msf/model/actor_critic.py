@@ -83,18 +83,7 @@ class ActorCritic(nn.Module):
             if (self.obs_scale, self.obs_subtract) != (1.0, 0.0):  # before the first update: the plain scaling
                 self.obs_normalizer.preset(self.obs_subtract, self.obs_scale**2)
         self.nvec = spaces.action_nvec
-        self.mask_slice = None
-        if self.layout is not None:
-            offset = 0
-            for key, _, size in self.layout:
-                if key == DictEncoder.MASK_KEY:
-                    if size != spaces.num_actions:
-                        raise ValueError(
-                            f"the action_mask observation has {size} entries but there are "
-                            f"{spaces.num_actions} action logits"
-                        )
-                    self.mask_slice = (offset, offset + size)
-                offset += size
+        self.mask_slice = _mask_slice(self.layout, spaces.num_actions) if self.layout is not None else None
         self.returns_normalizer = RunningMeanStd((), clip=None) if cfg.normalize_returns else None
 
         def encoder() -> tuple[nn.Module, int]:
@@ -122,22 +111,12 @@ class ActorCritic(nn.Module):
         self.critic_encoder = encoder()[0] if separate else None
         self.rnn_type, self.rnn_layers, self.rnn_size = cfg.rnn_type, cfg.rnn_num_layers, cfg.rnn_size
         self.core_state_size, self.rnn_state_size = core_state_size(cfg), rnn_state_size(cfg)
-
-        def core() -> nn.Module | None:
-            if not cfg.use_rnn:
-                return None
-            return (nn.GRU if cfg.rnn_type == "gru" else nn.LSTM)(hidden, cfg.rnn_size, num_layers=cfg.rnn_num_layers)
-
-        self.core = core()
-        self.critic_core = core() if separate else None
+        self.core = _core(cfg, hidden)
+        self.critic_core = _core(cfg, hidden) if separate else None
         if cfg.use_rnn:
             hidden = cfg.rnn_size
-
-        def decoder() -> nn.Module | None:
-            return mlp(hidden, cfg.decoder_mlp_layers, cfg.nonlinearity) if cfg.decoder_mlp_layers else None
-
-        self.decoder = decoder()
-        self.critic_decoder = decoder() if separate else None
+        self.decoder = _decoder(cfg, hidden)
+        self.critic_decoder = _decoder(cfg, hidden) if separate else None
         if self.decoder is not None:
             hidden = cfg.decoder_mlp_layers[-1]
         self.continuous = not spaces.discrete
@@ -377,6 +356,36 @@ class ActorCritic(nn.Module):
     def normalize_values(self, values: torch.Tensor) -> torch.Tensor:
         """Return-unit values into the value head's units."""
         return self.returns_normalizer.normalize(values) if self.returns_normalizer is not None else values
+
+
+def _core(cfg: Config, in_size: int) -> nn.Module | None:
+    """The recurrent core of ``--use_rnn`` (GRU or LSTM, ``rnn_num_layers`` x ``rnn_size``), or None."""
+    if not cfg.use_rnn:
+        return None
+    return (nn.GRU if cfg.rnn_type == "gru" else nn.LSTM)(in_size, cfg.rnn_size, num_layers=cfg.rnn_num_layers)
+
+
+def _decoder(cfg: Config, in_size: int) -> nn.Module | None:
+    """The MLP of ``--decoder_mlp_layers`` between the core (or encoder) and the heads, or None."""
+    return mlp(in_size, cfg.decoder_mlp_layers, cfg.nonlinearity) if cfg.decoder_mlp_layers else None
+
+
+def _mask_slice(layout, num_actions: int) -> tuple[int, int] | None:
+    """Where the action mask lies in a flattened dict observation (``(start, end)``), or None without one.
+
+    Raises:
+        ValueError: the mask's size is not the number of action logits.
+    """
+    offset = 0
+    for key, _, size in layout:
+        if key == DictEncoder.MASK_KEY:
+            if size != num_actions:
+                raise ValueError(
+                    f"the action_mask observation has {size} entries but there are {num_actions} action logits"
+                )
+            return offset, offset + size
+        offset += size
+    return None
 
 
 def _shared_decoder_for_both(module, state_dict, prefix, *_) -> None:

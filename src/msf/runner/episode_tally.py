@@ -17,8 +17,9 @@ class EpisodeTally:
     are last, as the ``--stats_avg`` window expects. An episode that began in an earlier batch is carried over
     by its env row (a row's trajectories follow each other from batch to batch).
 
-    The sums are over the float32 rewards of the buffer, added in float64 in step order (the workers' own
-    reports add the env's float64 rewards: the two may differ in the last bits for non-integer rewards).
+    The sums are over the float32 rewards of the buffer, added in float64 (the same inputs give the same sum on
+    every run; the workers' own reports add the env's float64 rewards: the two may differ in the last bits for
+    non-integer rewards).
     """
 
     def __init__(self) -> None:
@@ -48,12 +49,8 @@ class EpisodeTally:
             ret, length = self._carry.get(row, (0.0, 0))
             start = 0
             for t in np.flatnonzero(dones[i]).tolist():
-                for r in rewards[i, start : t + 1].tolist():  # in step order: the same sum on every run
-                    ret += r
-                ended.append((j * T + t, row, ret, length + t + 1 - start))
+                ended.append((j * T + t, row, ret + float(rewards[i, start : t + 1].sum()), length + t + 1 - start))
                 ret, length, start = 0.0, 0, t + 1
-            for r in rewards[i, start:].tolist():
-                ret += r
-            self._carry[row] = (ret, length + T - start)
+            self._carry[row] = (ret + float(rewards[i, start:].sum()), length + T - start)
         ended.sort(key=lambda e: (e[0], e[1]))
         return [e[2] for e in ended], [e[3] for e in ended]
