@@ -5,9 +5,9 @@ For each seed, runs (interleaved, so that the machine's drift falls on every con
 - ``async 1x512``: the README's small-env settings, one device group, ``--batch_size=512``;
 - ``async 2x256``: the same on ``--nproc_per_node=2`` at ``--batch_size=256`` (the same global batch and the
   same 32 envs);
-- ``det 1x512`` / ``det 2x256``: the same pair with ``--deterministic=True`` and ``--rollout=16`` (a synchronous
-  iteration is the whole rollout of each group's envs: 32 envs x 16 steps = 512). Over 16 envs with rollout 32
-  instead, both rose to 350-480 and fell back (seed 0: 9 and 136 after 300k steps).
+- ``det 1x512`` / ``det 2x256``: the same pair with ``--deterministic=True`` (a synchronous iteration is the whole
+  rollout of each group's envs: 32 envs x 32 steps = 1,024 = 512 x 2 minibatches; per group of two, 16 x 32 =
+  256 x 2).
 
 and prints, per configuration, the env steps at which ``episode/return_mean`` (the job's last
 ``--stats_avg`` episodes) first reached the threshold, the median over the seeds, its ratio to the
@@ -38,8 +38,8 @@ CONFIGS = {
         "2x256": ["--batch_size=256", "--nproc_per_node=2"],
     },
     "det": {
-        "1x512": ["--rollout=16", "--batch_size=512", "--deterministic=True"],
-        "2x256": ["--rollout=16", "--batch_size=256", "--nproc_per_node=2", "--deterministic=True"],
+        "1x512": ["--batch_size=512", "--deterministic=True"],
+        "2x256": ["--batch_size=256", "--nproc_per_node=2", "--deterministic=True"],
     },
 }
 

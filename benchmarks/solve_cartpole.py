@@ -25,20 +25,21 @@ import time
 from msf.cfg.presets import SMALL_ENV_FLAGS
 
 
-def first_crossing(tb_dir: str, threshold: float) -> tuple[int | None, float | None, float | None]:
-    """(env step, wall time of the event, best value) of the first ``episode/return_mean`` >= threshold."""
+def first_crossing(tb_dir: str, threshold: float) -> tuple[int | None, float | None, float | None, float | None]:
+    """(env step, wall time of the event, best value, lowest value after it) of the first
+    ``episode/return_mean`` >= threshold; the last is None when it never reached it."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(tb_dir, size_guidance={"scalars": 0})
     acc.Reload()
     if "episode/return_mean" not in acc.Tags()["scalars"]:
-        return None, None, None
+        return None, None, None, None
     events = acc.Scalars("episode/return_mean")
     best = max(e.value for e in events)
-    for e in events:
+    for i, e in enumerate(events):
         if e.value >= threshold:
-            return e.step, e.wall_time, best
-    return None, None, best
+            return e.step, e.wall_time, best, min(x.value for x in events[i:])
+    return None, None, best, None
 
 
 def run_seed(seed: int, threshold: float, cap: float, steps: int, flags: list[str], train_dir: str) -> dict:
@@ -59,7 +60,7 @@ def run_seed(seed: int, threshold: float, cap: float, steps: int, flags: list[st
     ]
     t0 = time.time()
     subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
-    step, wall, best = first_crossing(os.path.join(train_dir, f"solve_s{seed}", "tensorboard"), threshold)
+    step, wall, best, low_after = first_crossing(os.path.join(train_dir, f"solve_s{seed}", "tensorboard"), threshold)
     with open(os.path.join(train_dir, f"solve_s{seed}", "summary.json")) as f:
         final = json.load(f)["episode_return_mean"]
     return {
@@ -67,6 +68,7 @@ def run_seed(seed: int, threshold: float, cap: float, steps: int, flags: list[st
         "env_steps": step,
         "seconds": None if wall is None else wall - t0,
         "best": best,
+        "low_after": low_after,
         "final": final,
     }
 
@@ -91,7 +93,7 @@ def main() -> None:
             print(
                 f"seed {s}: reached {a.threshold:g} at env step {fmt(r['env_steps'], 'd')}, "
                 f"{fmt(r['seconds'], '.1f')} s from launch; mean return at the end ({a.steps} steps) "
-                f"{fmt(r['final'], '.1f')}",
+                f"{fmt(r['final'], '.1f')}, lowest after reaching it {fmt(r['low_after'], '.1f')}",
                 flush=True,
             )
     finals = [r["final"] for r in rows]

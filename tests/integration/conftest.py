@@ -10,7 +10,19 @@ from pathlib import Path
 
 import pytest
 
-from msf.cfg.presets import SMALL_ENV_FLAGS  # noqa: F401 - used by the tests
+from msf.cfg.presets import SMALL_ENV_FLAGS
+
+
+def flag_value(flags: list[str], name: str, default: str | None = None) -> str | None:
+    """The value of ``--name=value`` in ``flags`` (the last one wins, as on a command line), else ``default``."""
+    values = [f.split("=", 1)[1] for f in flags if f.startswith(f"--{name}=")]
+    return values[-1] if values else default
+
+
+# samples of one training iteration of the small-env settings: a run stops less than this past its budget
+SMALL_ITERATION = int(flag_value(SMALL_ENV_FLAGS, "batch_size")) * int(
+    flag_value(SMALL_ENV_FLAGS, "num_batches_per_epoch", "1")
+)
 
 HELPERS = str(Path(__file__).resolve().parents[1] / "helpers")
 if HELPERS not in sys.path:

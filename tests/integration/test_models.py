@@ -42,6 +42,7 @@ def test_memory_task_needs_the_recurrent_core(train_dir, rnn):
         assert s["episode_return_mean"] <= 0.60, s
 
 
+@pytest.mark.slow  # default-suite time (CI's slow suite runs it)
 def test_lstm_core_trains_and_resumes(train_dir):
     args = [
         *MEMORY[:-1],

@@ -114,6 +114,7 @@ def test_two_policies_on_two_device_groups_with_a_pbt_exchange(train_dir):
     assert r.returncode == 2 and "--policy_index: must be in [0, 2)" in r.stderr
 
 
+@pytest.mark.slow  # default-suite time (CI's slow suite runs it)
 def test_a_replica_without_experience_for_a_policy_neither_hangs_nor_desynchronises(train_dir):
     """One env per rank, one policy per env (no mixing): in many iterations a rank holds a batch for one
     policy only, and joins the other policy's step with an all-masked batch."""

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from .conftest import msf_env, read_summary, run_msf
 
 
+@pytest.mark.slow  # default-suite time (CI's slow suite runs it)
 def test_a_slow_env_start_is_reported_and_measured(train_dir, tmp_path):
     """Each env takes 5.5 s to make: the launcher's one (for the spaces) is said to on stderr, with how to save it,
     the rollout worker's two are reported in log.txt as they come, and summary.json says when all of them had

@@ -6,7 +6,7 @@ import json
 
 import torch
 
-from .conftest import SMALL_ENV_FLAGS, read_summary, run_msf
+from .conftest import SMALL_ENV_FLAGS, SMALL_ITERATION, read_summary, run_msf
 
 SUMMARY_KEYS = {
     "env_steps",
@@ -44,8 +44,8 @@ def test_cartpole_reaches_450_within_300k_steps(trained_cartpole):
     s = json.loads((exp / "summary.json").read_text())
     assert SUMMARY_KEYS <= s.keys()
     assert s["status"] == "done"
-    batch = next(int(f.split("=")[1]) for f in SMALL_ENV_FLAGS if f.startswith("--batch_size="))
-    assert 300_000 <= s["env_steps"] < 300_000 + batch  # stops less than one batch past the budget
+    # stops less than one training iteration (batch_size x num_batches_per_epoch samples) past the budget
+    assert 300_000 <= s["env_steps"] < 300_000 + SMALL_ITERATION
     assert s["env_frames"] == s["env_steps"]
     assert s["episode_return_mean"] >= 450, s
     assert s["train_steps"] == s["policy_version"] > 0

@@ -2,13 +2,19 @@
 
 # Small, fast environments such as CartPole-v1 (README, "Settings for small environments"):
 # more envs per worker to amortise the per-request cost, a smaller batch for more updates per
-# sample, a KL-adaptive lr that starts at 3e-4 and may grow to 2e-3, and value bootstrapping on
-# time-outs (CartPole truncates at 500 steps; treating that as a failure destabilises the critic).
+# sample, two epochs over two minibatches of each 1,024-sample iteration (4 SGD steps: from the
+# second on, PPO's clip and the KL-adaptive schedule see how far the policy moved), a KL-adaptive lr
+# that starts at 3e-4 and may grow to 2e-3, and value bootstrapping on time-outs (CartPole
+# truncates at 500 steps; treating that as a failure destabilises the critic).
+# With one SGD step per 512 samples instead, the KL the schedule sees is the policy lag's only, the lr
+# sat at its 2e-3 cap, and runs on a loaded machine failed to hold 475 (benchmarks/README.md, 2026-12-02).
 SMALL_ENV_FLAGS = [
     "--num_workers=2",
     "--num_envs_per_worker=16",
     "--worker_num_splits=2",
     "--batch_size=512",
+    "--num_batches_per_epoch=2",
+    "--num_epochs=2",
     "--rollout=32",
     "--learning_rate=3e-4",
     "--lr_schedule=kl_adaptive_epoch",
