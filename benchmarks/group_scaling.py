@@ -62,6 +62,7 @@ def main() -> None:
     ap.add_argument("--cap", type=float, default=90.0, help="seconds per run at most")
     ap.add_argument("--steps", type=int, default=300_000, help="env steps per run")
     ap.add_argument("--modes", nargs="+", default=["async", "det"], choices=sorted(CONFIGS))
+    ap.add_argument("extra", nargs="*", help="more msf-train flags for every configuration (after --)")
     a = ap.parse_args()
     results: dict[tuple[str, str], list[dict]] = {}
     with tempfile.TemporaryDirectory() as td:
@@ -69,7 +70,7 @@ def main() -> None:
             for mode in a.modes:
                 for name, flags in CONFIGS[mode].items():
                     sub = os.path.join(td, f"{mode}_{name}")
-                    r = run_seed(seed, a.threshold, a.cap, a.steps, SMALL_ENV_FLAGS + flags, sub)
+                    r = run_seed(seed, a.threshold, a.cap, a.steps, SMALL_ENV_FLAGS + flags + a.extra, sub)
                     r["lag"] = mean_policy_lag(os.path.join(sub, f"solve_s{seed}", "tensorboard"))
                     results.setdefault((mode, name), []).append(r)
                     print(
