@@ -53,7 +53,9 @@ def _doc_line(name: str, tmp_path):
     ev = json.loads((td / experiment / "eval.json").read_text())
     assert ev["env_frames"] > 0 and ev["checkpoint"]
     if "--save_video" in enjoy:
-        assert ev["video_frames"] == 100
+        # one frame at the reset and one per frame played after it, up to --video_frames; an episode that ends
+        # first (a trained doom_basic agent can shoot the monster within 40 frames) ends the video with it
+        assert ev["video_frames"] == min(100, ev["env_frames"]), ev
     return json.loads((td / experiment / "config.json").read_text())
 
 

@@ -1,0 +1,80 @@
+"""msf's own pipeline overhead: the sampler with a policy that costs nothing, against the raw env loop.
+
+For each workload, measured in this run, in env steps per second (frames for the pixel envs: steps x 4):
+
+(a) the raw env loop: ``--num_workers`` processes stepping one env each with random actions
+    (``throughput.raw_env_fps``; the gymnasium backend and msf's wrappers, as a rollout worker has them);
+(b) msf's sampler with a zero-cost policy: the real rollout workers, inference worker, pipes and trajectory
+    buffer, the learner replaced by a stand-in that hands every finished trajectory's slot straight back
+    (``throughput.sampler_fps``), the encoder replaced by ``zero_policy.ZeroEncoder`` (``[N, 1]`` zeros);
+(c) the same sampler with the workload's real policy.
+
+(b) / (a) is the share of the env loop that msf's plumbing leaves: on a machine whose policy runs on a GPU, what
+the CPU can sample at. (c) / (b) is what the policy's arithmetic costs on these CPU cores.
+
+Workloads: CartPole-v1 with Sample Factory's CartPole command line (``throughput.SF_CARTPOLE``), atari_pong and
+doom_basic with Sample Factory's family arguments (``families.WORKLOADS``).
+
+Usage: python benchmarks/pipeline_overhead.py [--seconds 30] [--only CartPole-v1 atari_pong doom_basic]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)  # zero_policy, for this process and (through spawn's sys.path) the workers it starts
+os.environ["PYTHONPATH"] = HERE + os.pathsep + os.environ.get("PYTHONPATH", "")
+
+from families import WORKLOADS  # noqa: E402
+from throughput import SF_CARTPOLE, raw_env_fps, sampler_fps  # noqa: E402
+
+ZERO = ["--encoder_custom=zero_policy:zero"]
+
+
+def workloads() -> dict[str, tuple[list[str], int]]:
+    """name -> (msf flags, frames per env step)."""
+    out = {"CartPole-v1": (list(SF_CARTPOLE), 1)}
+    for name, flags in WORKLOADS.items():
+        out[name] = ([*flags, "--device=cpu"], 4)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=30.0, help="measured seconds of each sampler run")
+    ap.add_argument("--warmup", type=float, default=15.0, help="seconds before a sampler run is measured")
+    ap.add_argument("--only", nargs="+", default=None, help="workload names (default: all)")
+    a = ap.parse_args()
+    from msf.cfg.arguments import parse_args
+
+    rows = []
+    for name, (flags, fs) in workloads().items():
+        if a.only and name not in a.only:
+            continue
+        procs = parse_args(flags)[0].num_workers
+        raw = fs * raw_env_fps(flags[0].split("=", 1)[1], procs, min(a.seconds, 15.0), flags)
+        print(f"{name}: raw env loop {raw:,.0f}", flush=True)
+        zero = fs * sampler_fps(flags + ZERO, a.seconds, a.warmup)
+        print(f"{name}: sampler, zero-cost policy {zero:,.0f}", flush=True)
+        real = fs * sampler_fps(flags, a.seconds, a.warmup)
+        print(f"{name}: sampler, real policy {real:,.0f}", flush=True)
+        rows.append((name, procs, fs, raw, zero, real))
+    unit = lambda fs: "frames/s" if fs > 1 else "steps/s"  # noqa: E731
+    print()
+    print(
+        "| workload | env processes | raw env loop | sampler, zero-cost policy | zero / raw "
+        "| sampler, real policy | real / zero |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for name, procs, fs, raw, zero, real in rows:
+        print(
+            f"| {name} | {procs} | {raw:,.0f} {unit(fs)} | {zero:,.0f} | **{zero / raw:.3f}** | {real:,.0f} | "
+            f"{real / zero:.3f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
