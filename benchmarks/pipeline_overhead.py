@@ -54,8 +54,9 @@ def main() -> None:
     for name, (flags, fs) in workloads().items():
         if a.only and name not in a.only:
             continue
-        procs = parse_args(flags)[0].num_workers
-        raw = fs * raw_env_fps(flags[0].split("=", 1)[1], procs, min(a.seconds, 15.0), flags)
+        cfg = parse_args(flags)[0]
+        procs = cfg.num_workers
+        raw = fs * raw_env_fps(cfg.env, procs, min(a.seconds, 15.0), flags)
         print(f"{name}: raw env loop {raw:,.0f}", flush=True)
         zero = fs * sampler_fps(flags + ZERO, a.seconds, a.warmup)
         print(f"{name}: sampler, zero-cost policy {zero:,.0f}", flush=True)

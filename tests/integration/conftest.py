@@ -10,19 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from msf.cfg.arguments import parse_args
 from msf.cfg.presets import SMALL_ENV_FLAGS
 
-
-def flag_value(flags: list[str], name: str, default: str | None = None) -> str | None:
-    """The value of ``--name=value`` in ``flags`` (the last one wins, as on a command line), else ``default``."""
-    values = [f.split("=", 1)[1] for f in flags if f.startswith(f"--{name}=")]
-    return values[-1] if values else default
-
-
 # samples of one training iteration of the small-env settings: a run stops less than this past its budget
-SMALL_ITERATION = int(flag_value(SMALL_ENV_FLAGS, "batch_size")) * int(
-    flag_value(SMALL_ENV_FLAGS, "num_batches_per_epoch", "1")
-)
+_SMALL_CFG = parse_args(["--env=CartPole-v1", *SMALL_ENV_FLAGS])[0]
+SMALL_ITERATION = _SMALL_CFG.batch_size * _SMALL_CFG.num_batches_per_epoch
 
 HELPERS = str(Path(__file__).resolve().parents[1] / "helpers")
 if HELPERS not in sys.path:
