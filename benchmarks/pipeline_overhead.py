@@ -9,6 +9,11 @@ For each workload, measured in this run, in env steps per second (frames for the
     (``throughput.sampler_fps``), the encoder replaced by ``zero_policy.ZeroEncoder`` (``[N, 1]`` zeros);
 (c) the same sampler with the workload's real policy.
 
+For (b) it also reads, from ``/proc``, where the CPU time of the measured window went (``throughput.cost_breakdown``):
+core-microseconds per env step of the rollout workers, the inference workers, the main process (the stand-in
+learner) and other processes (an env's helpers such as ViZDoom's engines), the context switches per env step,
+and how busy the machine's cores were: the second table.
+
 (b) / (a) is the share of the env loop that msf's plumbing leaves: on a machine whose policy runs on a GPU, what
 the CPU can sample at. (c) / (b) is what the policy's arithmetic costs on these CPU cores.
 
@@ -50,7 +55,7 @@ def main() -> None:
     a = ap.parse_args()
     from msf.cfg.arguments import parse_args
 
-    rows = []
+    rows, breakdowns = [], []
     for name, (flags, fs) in workloads().items():
         if a.only and name not in a.only:
             continue
@@ -58,11 +63,13 @@ def main() -> None:
         procs = cfg.num_workers
         raw = fs * raw_env_fps(cfg.env, procs, min(a.seconds, 15.0), flags)
         print(f"{name}: raw env loop {raw:,.0f}", flush=True)
-        zero = fs * sampler_fps(flags + ZERO, a.seconds, a.warmup)
+        costs: dict = {}
+        zero = fs * sampler_fps(flags + ZERO, a.seconds, a.warmup, breakdown=costs)
         print(f"{name}: sampler, zero-cost policy {zero:,.0f}", flush=True)
         real = fs * sampler_fps(flags, a.seconds, a.warmup)
         print(f"{name}: sampler, real policy {real:,.0f}", flush=True)
         rows.append((name, procs, fs, raw, zero, real))
+        breakdowns.append((name, procs, raw / fs, zero / fs, costs))
     unit = lambda fs: "frames/s" if fs > 1 else "steps/s"  # noqa: E731
     print()
     print(
@@ -74,6 +81,32 @@ def main() -> None:
         print(
             f"| {name} | {procs} | {raw:,.0f} {unit(fs)} | {zero:,.0f} | **{zero / raw:.3f}** | {real:,.0f} | "
             f"{real / zero:.3f} |"
+        )
+
+    print_breakdown(breakdowns)
+
+
+def print_breakdown(breakdowns: list) -> None:
+    """The second table: per workload, core-us per env step of each process role in the zero-cost sampler,
+    against the raw loop's (its processes' core-time per step: each is busy all the time), context switches per
+    env step, and the cores' busy share (all the tree's CPU time over wall time x cores)."""
+    cores = os.cpu_count() or 1
+    print()
+    print(
+        "| workload | raw loop: core-us per step | sampler: core-us per step (rollout / inference / main / other) "
+        "| all | context switches per step | cores busy |"
+    )
+    print("|---|---|---|---|---|---|")
+    for name, procs, raw_sps, zero_sps, c in breakdowns:
+        if "all" not in c:
+            continue
+        roles = " / ".join(
+            f"{c.get(k, (0.0, 0.0))[0]:.1f}" for k in ("rollout_worker", "inference_worker", "main", "other")
+        )
+        busy = c["all"][0] * 1e-6 * zero_sps / cores
+        print(
+            f"| {name} | {1e6 * min(procs, cores) / raw_sps:.1f} | {roles} | {c['all'][0]:.1f} | {c['all'][1]:.2f} "
+            f"| {busy:.2f} |"
         )
 
 

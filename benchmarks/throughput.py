@@ -306,8 +306,71 @@ def _random_batch(cfg, derived, spaces) -> dict:
     return batch
 
 
-def sampler_fps(flags: list[str], seconds: float, warmup: float) -> float:
-    """(b): env steps/s of the real rollout and inference workers, trajectories discarded unread."""
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def process_tree_costs(root: int, names: dict[int, str]) -> dict[int, tuple[str, float, int, int]]:
+    """pid -> (role, CPU seconds so far, voluntary, involuntary context switches) of ``root`` and every process
+    below it, read from ``/proc`` (Linux; empty elsewhere). ``role``: ``names[pid]`` for the processes named there
+    (msf's workers), "main" for ``root``, else "other" (an env's helper process, such as a ViZDoom engine, or
+    multiprocessing's resource tracker). CPU seconds are user + system time of the process itself, not of its
+    children: each process of the tree is read on its own."""
+    stats: dict[int, tuple[int, float]] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        # after "pid (comm)": state ppid ... utime (field 14 of the whole line) stime (15)
+        stats[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICK)
+    tree, frontier = {root}, [root]
+    while frontier:
+        parent = frontier.pop()
+        for pid, (ppid, _) in stats.items():
+            if ppid == parent and pid not in tree:
+                tree.add(pid)
+                frontier.append(pid)
+    out = {}
+    for pid in tree:
+        if pid not in stats:
+            continue
+        switches = {"voluntary_ctxt_switches": 0, "nonvoluntary_ctxt_switches": 0}
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    key, _, value = line.partition(":")
+                    if key in switches:
+                        switches[key] = int(value)
+        except OSError:
+            continue
+        role = "main" if pid == root else names.get(pid, "other")
+        out[pid] = (role, stats[pid][1], switches["voluntary_ctxt_switches"], switches["nonvoluntary_ctxt_switches"])
+    return out
+
+
+def cost_breakdown(before: dict, after: dict, steps: int) -> dict[str, tuple[float, float]]:
+    """Per role (rollout workers, inference workers, main, other; summed over the processes of a role):
+    (core-microseconds per env step, context switches per env step) between two :func:`process_tree_costs`
+    readings, and "all" for the whole tree."""
+    out: dict[str, list[float]] = {}
+    for pid, (role, cpu, vol, invol) in after.items():
+        _, cpu0, vol0, invol0 = before.get(pid, (role, 0.0, 0, 0))
+        kind = role.rstrip("0123456789_").removesuffix("_p")
+        for key in (kind, "all"):
+            acc = out.setdefault(key, [0.0, 0.0])
+            acc[0] += cpu - cpu0
+            acc[1] += (vol - vol0) + (invol - invol0)
+    return {k: (1e6 * cpu / max(steps, 1), sw / max(steps, 1)) for k, (cpu, sw) in out.items()}
+
+
+def sampler_fps(flags: list[str], seconds: float, warmup: float, breakdown: dict | None = None) -> float:
+    """(b): env steps/s of the real rollout and inference workers, trajectories discarded unread.
+
+    ``breakdown``: when given, filled with :func:`cost_breakdown` of the measured window (where the CPU time
+    went per process role, per env step)."""
     import queue as queue_mod
 
     from msf.cfg.arguments import parse_args
@@ -329,6 +392,7 @@ def sampler_fps(flags: list[str], seconds: float, warmup: float) -> float:
     stop = CTX.Event()
     ch = _start_workers(cfg, derived, spaces, buffer, [weights] * cfg.num_policies, "cpu", stop)
     steps, t_start, t_end = 0, None, time.monotonic() + warmup + seconds + 60
+    names = {p.pid: p.name for p in ch.procs}
     try:
         while time.monotonic() < t_end:
             try:
@@ -338,9 +402,14 @@ def sampler_fps(flags: list[str], seconds: float, warmup: float) -> float:
             ch.free_queues[msg.worker].put(SlotsReturned(msg.slots))
             if t_start is None and time.monotonic() > t_end - 60 - seconds:
                 t_start, steps = time.monotonic(), 0
+                if breakdown is not None:
+                    costs0 = process_tree_costs(os.getpid(), names)
             elif t_start is not None:
                 steps += len(msg.slots) * cfg.rollout
                 if time.monotonic() - t_start >= seconds:
+                    if breakdown is not None:
+                        breakdown.update(cost_breakdown(costs0, process_tree_costs(os.getpid(), names), steps))
+                        breakdown["wall_s"] = (time.monotonic() - t_start, 0.0)
                     break
     finally:
         stop.set()

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from msf.cfg.config import Config, Derived
+from msf.distributed.collectives import Collectives
 from msf.envs.registry import EnvSpaces
 from msf.learning.advantages import gae
 from msf.learning.learner import Learner
@@ -185,3 +186,63 @@ def test_symmetric_kl_exploration_loss_enters_the_loss():
     rest = stats["policy_loss"].item() + learner.cfg.value_loss_coeff * stats["value_loss"].item()
     assert loss.item() - rest == pytest.approx(0.3 * sym, rel=1e-4)
     assert sym > 0.05
+
+
+class _CountingCollectives(Collectives):
+    """The one-rank collectives, counting the blocking reductions a minibatch makes."""
+
+    def __init__(self):
+        self.reductions = 0
+
+    def all_reduce_sum_(self, t: torch.Tensor) -> torch.Tensor:
+        self.reductions += 1
+        return t
+
+
+def test_one_blocking_collective_per_minibatch_and_the_global_kl():
+    """Without normalisers that update within the epoch loop (GAE, no returns normaliser), each SGD step reduces
+    once: the advantages' count, sum and sum of squares with the KL sum (it used to reduce three times). The KL
+    the iteration reports is the mean over the epoch's minibatches of approx_kl over each minibatch's samples,
+    recomputed here from the model before each step."""
+    torch.manual_seed(0)
+    cfg = Config(
+        encoder_mlp_layers=[16],
+        batch_size=8,
+        rollout=4,
+        num_workers=1,
+        num_envs_per_worker=2,
+        num_epochs=2,
+        num_batches_per_epoch=2,
+        with_vtrace=False,
+        normalize_input=False,
+        normalize_returns=False,
+        shuffle_minibatches=False,
+    )
+    counting = _CountingCollectives()
+    learner = Learner(cfg, Derived.of(cfg), SPACES, "cpu", collectives=counting)
+    batch = _batch(learner)
+    # behaviour log-probs far from the model's (~log 0.5): a KL of ~0.1, where float32 loses nothing to cancellation
+    batch["log_probs"] = torch.full_like(batch["log_probs"], math.log(0.2))
+    B, T = batch["rewards"].shape
+    expected, per_mb = [], B // cfg.num_batches_per_epoch
+
+    # the KL of each minibatch, under the parameters the learner has just before that minibatch's step
+    snapshots = []
+    learner_copy = copy.deepcopy(learner)
+    learner_copy.train(batch, on_sgd_step=lambda model, v: snapshots.append(copy.deepcopy(model.state_dict())))
+    states = [learner.model.state_dict()] + snapshots[:-1]
+    model = copy.deepcopy(learner.model)
+    for step, state in enumerate(states):
+        model.load_state_dict(state)
+        i = step % cfg.num_batches_per_epoch
+        mb = slice(i * per_mb, (i + 1) * per_mb)
+        with torch.no_grad():
+            params, _ = model(batch["obs"][mb, :T].reshape(per_mb * T, 3))
+            log_p = torch.log_softmax(params.double(), -1).gather(1, batch["actions"][mb].reshape(-1, 1)).squeeze(1)
+        log_r = log_p - batch["log_probs"][mb].reshape(-1).double()
+        expected.append(float((log_r.exp() - 1 - log_r).mean()))
+    counting.reductions = 0
+    stats = learner.train(batch)
+    assert counting.reductions == cfg.num_epochs * cfg.num_batches_per_epoch
+    assert stats["kl"] == pytest.approx(np.mean(expected), rel=1e-5)
+    assert np.mean(expected) > 0.05

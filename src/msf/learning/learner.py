@@ -30,6 +30,7 @@ from msf.learning.losses import (
 from msf.learning.lr_schedule import KlAdaptiveLR
 from msf.learning.optimizers import make_optimizer
 from msf.model.actor_critic import ActorCritic
+from msf.model.normalizers import moment_sums, moments_of_sums
 
 Batch = dict[str, torch.Tensor]
 log = logging.getLogger("msf")
@@ -187,14 +188,20 @@ class Learner:
             targets, adv = mb["targets"], mb["advantages"]
         valid = mb["valids"].reshape(-1)
         vb = valid.bool()
+        kl = approx_kl(log_probs.detach()[vb], old_log_probs[vb]) if bool(vb.any()) else torch.zeros(())
+        # One blocking collective per minibatch (it was three): the global minibatch's count, sum and sum of
+        # squares of the valid samples' advantages, and the sum of their KL terms, reduced together. The count is
+        # also the normaliser of the sample weights, and the KL sum, divided by it, the global mean KL the
+        # lr schedule reads (the same value the replicas used to reduce after the SGD step).
+        adv = adv.reshape(-1)
+        kl_sum = (kl.double() * vb.sum().double()).reshape(1).to(adv.device)
+        packed = self.collectives.all_reduce_sum_(torch.cat([moment_sums(adv[vb]), kl_sum]))
+        n, mean, var = moments_of_sums(packed[:3], torch.Size())
         # Each valid sample weighs world_size / (valid samples of all replicas): DDP's average of the
         # replicas' gradients is then the gradient of the mean loss over the global minibatch, whatever
         # each replica's share of valid samples (none: zero-weighted gradients, the same SGD step).
-        n_global = self.collectives.all_reduce_sum_(valid.sum().detach().reshape(1).to(torch.float64))
-        weights = valid * (self.world_size / n_global.clamp(min=1.0)).to(valid.dtype)
+        weights = valid * (self.world_size / n.clamp(min=1.0)).to(valid.dtype)
         # advantages normalised with the mean and standard deviation of the global minibatch's valid samples
-        adv = adv.reshape(-1)
-        n, mean, var = self.collectives.moments(adv[vb])
         adv = (adv - mean.to(adv.dtype)) / (torch.sqrt(var * n / (n - 1).clamp(min=1)).to(adv.dtype) + 1e-8)
         targets = model.normalize_values(targets.reshape(-1))
         policy_loss = ppo_policy_loss(log_probs, old_log_probs, adv, cfg.ppo_clip_ratio, weights)
@@ -213,15 +220,13 @@ class Learner:
             loss = loss + kl_loss
         else:
             kl_loss = torch.zeros((), device=loss.device)
-        kl = approx_kl(log_probs.detach()[vb], old_log_probs[vb]) if bool(vb.any()) else torch.zeros(())
         stats = {
             "policy_loss": policy_loss.detach(),
             "value_loss": value_loss.detach(),
             "entropy": entropy.detach(),
-            "kl": kl,
+            "kl": packed[3] / n.clamp(min=1.0),  # over the valid samples of all replicas (none adds nothing)
             "kl_loss": kl_loss.detach(),
             "loss": loss.detach(),
-            "valid": vb.sum().double(),
         }
         return loss, stats
 
@@ -276,12 +281,7 @@ class Learner:
                 stats["grad_norm"] = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
                 self.optimizer.step()
                 self.train_step += 1
-                # the mean over the valid samples of all replicas (a replica with none adds nothing)
-                kl_sum = self.collectives.all_reduce_sum_(
-                    torch.stack([stats["kl"].detach().double() * stats["valid"], stats.pop("valid")])
-                )
-                kl = float(kl_sum[0] / kl_sum[1].clamp(min=1.0))
-                stats["kl"] = torch.tensor(kl)
+                kl = float(stats["kl"])  # the global minibatch's (see _minibatch_loss)
                 epoch_kl += kl
                 if cfg.lr_schedule == "kl_adaptive_minibatch":
                     self._set_lr(self.lr_schedule.update(kl))

@@ -19,20 +19,10 @@ from torch import nn
 ReduceSum = Callable[[torch.Tensor], torch.Tensor]  # sums a tensor over replicas in place and returns it
 
 
-def batch_moments(
-    x: torch.Tensor, sample_ndim: int = 0, reduce_sum: ReduceSum | None = None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Count, mean and population variance of the samples of ``x``, in float64.
-
-    Args:
-        x: ``[..., *sample_shape]``, the leading dimensions are samples.
-        sample_ndim: number of trailing dimensions that form one sample.
-        reduce_sum: sums the packed (count, sum, sum of squares) over replicas (None: this process only).
-
-    Returns:
-        count (scalar), mean and variance (``sample_shape``): with ``reduce_sum``, the moments of the
-        samples of every replica, the same values on each.
-    """
+def moment_sums(x: torch.Tensor, sample_ndim: int = 0) -> torch.Tensor:
+    """The sums the moments of ``x``'s samples are made of, packed for one reduction over replicas: float64
+    ``[1 + 2k]``, (count, sum, sum of squares) with ``k`` the elements of one sample (see :func:`batch_moments`;
+    :func:`moments_of_sums` turns them, summed over replicas or not, into count, mean and variance)."""
     shape = x.shape[x.dim() - sample_ndim :] if sample_ndim else torch.Size()
     flat = x.detach().reshape(-1, *shape)
     # in chunks of at most ~4M elements: a batch of images in float64 would otherwise take gigabytes
@@ -48,14 +38,37 @@ def batch_moments(
         s1 += chunk.sum(0)
         s2 += chunk.square_().sum(0)
     n = torch.tensor([float(flat.shape[0])], dtype=torch.float64, device=flat.device)
-    packed = torch.cat([n, s1.reshape(-1), s2.reshape(-1)])
-    if reduce_sum is not None:
-        packed = reduce_sum(packed)
+    return torch.cat([n, s1.reshape(-1), s2.reshape(-1)])
+
+
+def moments_of_sums(packed: torch.Tensor, shape: torch.Size) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Count (scalar), mean and population variance (``shape``, float64) from :func:`moment_sums`' ``packed``."""
     count = packed[0]
     k = (packed.numel() - 1) // 2
     mean = (packed[1 : 1 + k] / count.clamp(min=1)).reshape(shape)
     var = (packed[1 + k :] / count.clamp(min=1)).reshape(shape) - mean.square()
     return count, mean, var.clamp(min=0.0)
+
+
+def batch_moments(
+    x: torch.Tensor, sample_ndim: int = 0, reduce_sum: ReduceSum | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Count, mean and population variance of the samples of ``x``, in float64.
+
+    Args:
+        x: ``[..., *sample_shape]``, the leading dimensions are samples.
+        sample_ndim: number of trailing dimensions that form one sample.
+        reduce_sum: sums the packed (count, sum, sum of squares) over replicas (None: this process only).
+
+    Returns:
+        count (scalar), mean and variance (``sample_shape``): with ``reduce_sum``, the moments of the
+        samples of every replica, the same values on each.
+    """
+    shape = x.shape[x.dim() - sample_ndim :] if sample_ndim else torch.Size()
+    packed = moment_sums(x, sample_ndim)
+    if reduce_sum is not None:
+        packed = reduce_sum(packed)
+    return moments_of_sums(packed, shape)
 
 
 class RunningMeanStd(nn.Module):
