@@ -11,8 +11,10 @@ For each workload, measured in this run, in env steps per second (frames for the
 
 For (b) it also reads, from ``/proc``, where the CPU time of the measured window went (``throughput.cost_breakdown``):
 core-microseconds per env step of the rollout workers, the inference workers, the main process (the stand-in
-learner) and other processes (an env's helpers such as ViZDoom's engines), the context switches per env step,
-and how busy the machine's cores were: the second table.
+learner) and other processes (an env's helpers such as ViZDoom's engines), how much of it the kernel spent
+(system time: pipes, waits, context switches, page faults), the context switches per env step,
+how busy the machine's cores were, and the inference worker's work alone (``serve_alone_us``: the same requests
+served in a loop in one process): the second table.
 
 (b) / (a) is the share of the env loop that msf's plumbing leaves: on a machine whose policy runs on a GPU, what
 the CPU can sample at. (c) / (b) is what the policy's arithmetic costs on these CPU cores.
@@ -69,6 +71,7 @@ def main() -> None:
         real = fs * sampler_fps(flags, a.seconds, a.warmup)
         print(f"{name}: sampler, real policy {real:,.0f}", flush=True)
         rows.append((name, procs, fs, raw, zero, real))
+        costs["serve_alone"] = (serve_alone_us(flags + ZERO), 0.0, 0.0)
         breakdowns.append((name, procs, raw / fs, zero / fs, costs))
     unit = lambda fs: "frames/s" if fs > 1 else "steps/s"  # noqa: E731
     print()
@@ -86,17 +89,74 @@ def main() -> None:
     print_breakdown(breakdowns)
 
 
+def serve_alone_us(flags: list[str], calls: int = 1000) -> float:
+    """Core-microseconds per env step of the inference worker's work alone: :meth:`InferenceWorker.serve` of one
+    split's request, called ``calls`` times in a loop in this process (one thread, warm caches, no pipes, no
+    waiting), divided by the split's rows. Against the inference workers' figure of the sampler run, it shows what
+    running in a process of its own adds (waking, the pipes' system calls, caches the other processes cooled)."""
+    import threading
+    import time
+
+    import torch
+
+    from msf.cfg.arguments import parse_args
+    from msf.cfg.config import Derived
+    from msf.envs.families import apply_family_defaults
+    from msf.envs.registry import env_config_of, env_spaces
+    from msf.model.actor_critic import ActorCritic
+    from msf.sampling.inference_worker import InferenceWorker
+    from msf.sampling.messages import InferenceCounters
+    from msf.sampling.protocol import InferenceWorkerSpec
+    from msf.sampling.published_weights import PublishedWeights
+    from msf.sampling.trajectory_buffer import TrajectoryBuffer
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        cfg, given = parse_args(flags)
+        cfg = apply_family_defaults(cfg, given)
+        derived, spaces = Derived.of(cfg), env_spaces(cfg.env, env_config_of(cfg))
+        buffer = TrajectoryBuffer.allocate(cfg, derived, spaces)
+        model = ActorCritic(cfg, spaces).eval()
+        weights = PublishedWeights(model)
+        weights.publish(model, 0)
+        spec = InferenceWorkerSpec(
+            cfg=cfg,
+            derived=derived,
+            spaces=spaces,
+            buffer=buffer,
+            policy=0,
+            conns={},
+            weights=weights,
+            device="cpu",
+            stop_event=threading.Event(),
+            parent_pid=None,
+            counters=InferenceCounters(),
+        )
+        worker = InferenceWorker(spec)
+        rows = cfg.num_workers * derived.agents_per_split * cfg.worker_num_splits
+        buffer.cursors[..., 0] = torch.arange(rows).view(cfg.num_workers, -1)  # every row at a slot of its own
+        worker.serve([(0, 0)])
+        t0 = time.process_time()
+        for _ in range(calls):
+            worker.serve([(0, 0)])
+        return 1e6 * (time.process_time() - t0) / calls / derived.agents_per_split
+    finally:
+        torch.set_num_threads(threads)
+
+
 def print_breakdown(breakdowns: list) -> None:
     """The second table: per workload, core-us per env step of each process role in the zero-cost sampler,
     against the raw loop's (its processes' core-time per step: each is busy all the time), context switches per
-    env step, and the cores' busy share (all the tree's CPU time over wall time x cores)."""
+    env step, the cores' busy share (all the tree's CPU time over wall time x cores), and the inference worker's
+    work alone (:func:`serve_alone_us`)."""
     cores = os.cpu_count() or 1
     print()
     print(
         "| workload | raw loop: core-us per step | sampler: core-us per step (rollout / inference / main / other) "
-        "| all | context switches per step | cores busy |"
+        "| all | of it in the kernel | context switches per step | cores busy | inference work alone |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for name, procs, raw_sps, zero_sps, c in breakdowns:
         if "all" not in c:
             continue
@@ -105,8 +165,9 @@ def print_breakdown(breakdowns: list) -> None:
         )
         busy = c["all"][0] * 1e-6 * zero_sps / cores
         print(
-            f"| {name} | {1e6 * min(procs, cores) / raw_sps:.1f} | {roles} | {c['all'][0]:.1f} | {c['all'][1]:.2f} "
-            f"| {busy:.2f} |"
+            f"| {name} | {1e6 * min(procs, cores) / raw_sps:.1f} | {roles} | {c['all'][0]:.1f} | {c['all'][1]:.1f} "
+            f"| {c['all'][2]:.2f} "
+            f"| {busy:.2f} | {c['serve_alone'][0]:.1f} |"
         )
 
 

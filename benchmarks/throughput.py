@@ -309,13 +309,14 @@ def _random_batch(cfg, derived, spaces) -> dict:
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def process_tree_costs(root: int, names: dict[int, str]) -> dict[int, tuple[str, float, int, int]]:
-    """pid -> (role, CPU seconds so far, voluntary, involuntary context switches) of ``root`` and every process
+def process_tree_costs(root: int, names: dict[int, str]) -> dict[int, tuple[str, float, float, int, int]]:
+    """pid -> (role, CPU seconds so far, of them in the kernel, voluntary, involuntary context switches) of ``root``
+    and every process
     below it, read from ``/proc`` (Linux; empty elsewhere). ``role``: ``names[pid]`` for the processes named there
     (msf's workers), "main" for ``root``, else "other" (an env's helper process, such as a ViZDoom engine, or
     multiprocessing's resource tracker). CPU seconds are user + system time of the process itself, not of its
     children: each process of the tree is read on its own."""
-    stats: dict[int, tuple[int, float]] = {}
+    stats: dict[int, tuple[int, float, float]] = {}
     for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
         if not entry.isdigit():
             continue
@@ -325,11 +326,11 @@ def process_tree_costs(root: int, names: dict[int, str]) -> dict[int, tuple[str,
         except OSError:
             continue
         # after "pid (comm)": state ppid ... utime (field 14 of the whole line) stime (15)
-        stats[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICK)
+        stats[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICK, int(fields[12]) / _TICK)
     tree, frontier = {root}, [root]
     while frontier:
         parent = frontier.pop()
-        for pid, (ppid, _) in stats.items():
+        for pid, (ppid, _, _) in stats.items():
             if ppid == parent and pid not in tree:
                 tree.add(pid)
                 frontier.append(pid)
@@ -347,23 +348,26 @@ def process_tree_costs(root: int, names: dict[int, str]) -> dict[int, tuple[str,
         except OSError:
             continue
         role = "main" if pid == root else names.get(pid, "other")
-        out[pid] = (role, stats[pid][1], switches["voluntary_ctxt_switches"], switches["nonvoluntary_ctxt_switches"])
+        vol, invol = switches["voluntary_ctxt_switches"], switches["nonvoluntary_ctxt_switches"]
+        out[pid] = (role, stats[pid][1], stats[pid][2], vol, invol)
     return out
 
 
-def cost_breakdown(before: dict, after: dict, steps: int) -> dict[str, tuple[float, float]]:
+def cost_breakdown(before: dict, after: dict, steps: int) -> dict[str, tuple[float, float, float]]:
     """Per role (rollout workers, inference workers, main, other; summed over the processes of a role):
-    (core-microseconds per env step, context switches per env step) between two :func:`process_tree_costs`
-    readings, and "all" for the whole tree."""
+    (core-microseconds per env step, of them in the kernel, context switches per env step) between two
+    :func:`process_tree_costs` readings, and "all" for the whole tree."""
     out: dict[str, list[float]] = {}
-    for pid, (role, cpu, vol, invol) in after.items():
-        _, cpu0, vol0, invol0 = before.get(pid, (role, 0.0, 0, 0))
+    for pid, (role, cpu, kernel, vol, invol) in after.items():
+        _, cpu0, kernel0, vol0, invol0 = before.get(pid, (role, 0.0, 0.0, 0, 0))
         kind = role.rstrip("0123456789_").removesuffix("_p")
         for key in (kind, "all"):
-            acc = out.setdefault(key, [0.0, 0.0])
+            acc = out.setdefault(key, [0.0, 0.0, 0.0])
             acc[0] += cpu - cpu0
-            acc[1] += (vol - vol0) + (invol - invol0)
-    return {k: (1e6 * cpu / max(steps, 1), sw / max(steps, 1)) for k, (cpu, sw) in out.items()}
+            acc[1] += kernel - kernel0
+            acc[2] += (vol - vol0) + (invol - invol0)
+    n = max(steps, 1)
+    return {k: (1e6 * cpu / n, 1e6 * kernel / n, sw / n) for k, (cpu, kernel, sw) in out.items()}
 
 
 def sampler_fps(flags: list[str], seconds: float, warmup: float, breakdown: dict | None = None) -> float:
@@ -409,7 +413,7 @@ def sampler_fps(flags: list[str], seconds: float, warmup: float, breakdown: dict
                 if time.monotonic() - t_start >= seconds:
                     if breakdown is not None:
                         breakdown.update(cost_breakdown(costs0, process_tree_costs(os.getpid(), names), steps))
-                        breakdown["wall_s"] = (time.monotonic() - t_start, 0.0)
+                        breakdown["wall_s"] = (time.monotonic() - t_start, 0.0, 0.0)
                     break
     finally:
         stop.set()
