@@ -8,6 +8,10 @@
 # truncates at 500 steps; treating that as a failure destabilises the critic).
 # With one SGD step per 512 samples instead, the KL the schedule sees is the policy lag's only, the lr
 # sat at its 2e-3 cap, and runs on a loaded machine failed to hold 475 (benchmarks/README.md, 2026-12-02).
+# One accumulated iteration of trajectories instead of Sample Factory's 2: when the learner is the slower stage
+# (2 device groups on 2 cores) the workers' buffered experience is half as old, so 2 groups x 256 learn what
+# 1 group x 512 learns (5 seeds: 1.02x its env steps to 475, against 1.09x with 2), and 1 group needs fewer steps
+# too (medians of 3 seeds, twice: 76,800 and 83,968 against 93,184 and 98,304; benchmarks/README.md, 2026-12-02).
 SMALL_ENV_FLAGS = [
     "--num_workers=2",
     "--num_envs_per_worker=16",
@@ -21,4 +25,5 @@ SMALL_ENV_FLAGS = [
     "--lr_adaptive_max=2e-3",
     "--value_bootstrap=True",
     "--reward_scale=0.1",
+    "--num_batches_to_accumulate=1",
 ]
