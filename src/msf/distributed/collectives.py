@@ -1,4 +1,4 @@
-"""The collectives of one process group, as an object: sums, gathers, broadcasts, moments, replica checksums.
+"""The collectives of one process group, as an object: sums, gathers, broadcasts, replica checksums.
 
 Code that communicates holds a :class:`Collectives` and calls it visibly (``self.collectives.all_reduce_sum_``):
 a reader of the loss code sees which lines block on the other replicas. :class:`Collectives` itself is the
@@ -14,8 +14,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-
-from msf.model.normalizers import batch_moments
 
 
 class ReplicaMismatch(RuntimeError):
@@ -68,11 +66,6 @@ class Collectives:
     def broadcast_(self, t: torch.Tensor, src: int = 0) -> torch.Tensor:
         """Rank ``src``'s ``t`` on every rank, in place; return it."""
         return t
-
-    def moments(self, x: torch.Tensor, sample_ndim: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Count, mean and population variance (float64) of the samples of ``x`` on all ranks
-        (see :func:`msf.model.normalizers.batch_moments`)."""
-        return batch_moments(x, sample_ndim, self.all_reduce_sum_)
 
     def check_identical(self, named: dict[str, torch.Tensor]) -> None:
         """Compare the checksums of ``named`` tensors across ranks.
