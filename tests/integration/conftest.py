@@ -16,6 +16,7 @@ from msf.cfg.presets import SMALL_ENV_FLAGS
 # samples of one training iteration of the small-env settings: a run stops less than this past its budget
 _SMALL_CFG = parse_args(["--env=CartPole-v1", *SMALL_ENV_FLAGS])[0]
 SMALL_ITERATION = _SMALL_CFG.batch_size * _SMALL_CFG.num_batches_per_epoch
+SMALL_SGD_STEPS = _SMALL_CFG.num_epochs * _SMALL_CFG.num_batches_per_epoch  # SGD steps of one iteration
 
 HELPERS = str(Path(__file__).resolve().parents[1] / "helpers")
 if HELPERS not in sys.path:

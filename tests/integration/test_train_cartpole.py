@@ -6,7 +6,7 @@ import json
 
 import torch
 
-from .conftest import SMALL_ENV_FLAGS, SMALL_ITERATION, read_summary, run_msf
+from .conftest import SMALL_ENV_FLAGS, SMALL_ITERATION, SMALL_SGD_STEPS, read_summary, run_msf
 
 SUMMARY_KEYS = {
     "env_steps",
@@ -49,6 +49,9 @@ def test_cartpole_reaches_450_within_300k_steps(trained_cartpole):
     assert s["env_frames"] == s["env_steps"]
     assert s["episode_return_mean"] >= 450, s
     assert s["train_steps"] == s["policy_version"] > 0
+    # every counted sample was trained on: env steps are counted per iteration taken, and each took its SGD steps
+    assert s["env_steps"] % SMALL_ITERATION == 0
+    assert s["train_steps"] == s["env_steps"] // SMALL_ITERATION * SMALL_SGD_STEPS
     assert s["world_size"] == 1
     assert json.loads((exp / "config.json").read_text())["env"] == "CartPole-v1"
     ckpts = sorted((exp / "checkpoint_p0").glob("checkpoint_*.pth"))
@@ -89,3 +92,31 @@ def test_frameskip_counts_frames_and_resume_continues(train_dir):
     assert r.returncode == 0, r.stderr[-3000:]
     assert read_summary(train_dir, "fs") == s2
     assert "already spent: nothing to do" in (train_dir / "fs" / "log.txt").read_text()
+
+
+def test_a_budget_below_one_iteration_trains_that_iteration_and_saves_it(train_dir):
+    """A budget smaller than one iteration (here 1,000 env steps against 2 x 4 envs x 128 = 1,024): the run takes
+    that iteration, trains on it (1 epoch x 2 minibatches: 2 SGD steps) and saves it. It used to stop before
+    training, with 0 SGD steps and no checkpoint, so msf-enjoy then found nothing to play."""
+    r = run_msf(
+        [
+            "--env=CartPole-v1",
+            "--experiment=tiny",
+            f"--train_dir={train_dir}",
+            "--num_workers=2",
+            "--num_envs_per_worker=4",
+            "--rollout=128",
+            "--batch_size=512",
+            "--num_batches_per_epoch=2",
+            "--train_for_env_steps=1000",
+            "--encoder_mlp_layers",
+            "16",
+        ],
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = read_summary(train_dir, "tiny")
+    assert (s["status"], s["env_steps"], s["train_steps"]) == ("done", 1024, 2), s
+    (ckpt,) = (train_dir / "tiny" / "checkpoint_p0").glob("checkpoint_*.pth")
+    state = torch.load(ckpt, weights_only=True)
+    assert (state["env_steps"], state["train_step"]) == (1024, 2)

@@ -327,12 +327,15 @@ class TrainingLoop:
         if d.stop:
             self.request_stop("stopped")
             return True
-        if self.frames >= self.cfg.train_for_env_steps or d.time_spent:
-            self.request_stop("done")
-            return True
+        # The batches just agreed on are counted in the budget, so they are trained on before the budget ends the
+        # run: it used to stop first, and every run left its last iteration untrained (a run of less than one
+        # iteration trained nothing and wrote no checkpoint).
         self._train_agreed(d, batches)
         self.iteration += 1
         self.progress.iteration = self.iteration
+        if self.frames >= self.cfg.train_for_env_steps or d.time_spent:
+            self.request_stop("done")
+            return True
         if self.pbt.due(self.frames):
             self.pbt.run(self.frames)
         if self.cfg.ddp_check_interval and self.iteration % self.cfg.ddp_check_interval == 0:
