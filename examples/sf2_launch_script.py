@@ -126,7 +126,11 @@ def main(argv=None) -> int:
         argv.remove("--enjoy")
     register_custom_components()
     cfg = parse_custom_args(argv, evaluation=evaluation)
-    return enjoy(cfg) if evaluation else run_rl(cfg)
+    if not evaluation:
+        return run_rl(cfg)
+    status, mean_return = enjoy(cfg)  # Sample Factory's enjoy: the status and the episodes' mean return
+    print(f"mean return {mean_return}")
+    return status
 
 
 if __name__ == "__main__":

@@ -296,7 +296,10 @@ def export_policy(model: nn.Module, fmt: str, path: str, source: dict | None = N
     folder = os.path.dirname(os.path.abspath(path))
     made_folder = not os.path.isdir(folder)
     os.makedirs(folder, exist_ok=True)
+    from msf.persistence.summaries import file_mode
+
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-export-", suffix=FORMATS[fmt])
+    os.fchmod(fd, file_mode())  # as open() would make it (and the checkpoints are), not mkstemp's 0600
     os.close(fd)
     was_training = model.training
     model.eval()

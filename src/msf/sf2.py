@@ -23,7 +23,8 @@ The names (and where Sample Factory 2.1.1 has them): :func:`register_env` (``env
 may be made in ``main()``: msf carries them to every process it spawns (:mod:`msf.runtime.registrations`), as
 long as the functions are defined at the top level of a module or of the script.
 
-What differs: ``run_rl`` and ``enjoy`` return msf's exit codes (:class:`ExperimentStatus` names them); only a
+What differs: ``run_rl`` returns msf's exit code and ``enjoy`` the exit code and the mean return, as Sample
+Factory's (:class:`ExperimentStatus` names the codes); only a
 custom encoder can be registered (``register_encoder_factory``; a custom core, decoder or actor-critic is refused
 with one line); a custom encoder receives ``obs_dict["obs"]`` as msf's models do (vectors normalised with
 ``--normalize_input``, images as the env gives them, as float32); the interfaces ``TrainingInfoInterface`` and
@@ -34,6 +35,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+import os
+import pickle
+import warnings
 from typing import Any, Callable
 
 import gymnasium as gym
@@ -153,16 +158,26 @@ def run_rl(cfg: Any) -> int:
     return main(parsed=(_MsfConfig(**ours, env_args=extra), {g for g in given if g in ours or g.startswith(ENV_ARG)}))
 
 
-def enjoy(cfg: Any) -> int:
-    """Evaluate the experiment of ``cfg`` (parsed with ``evaluation=True``), as ``msf-enjoy`` would; return the
-    exit code (:class:`ExperimentStatus`)."""
+def enjoy(cfg: Any) -> tuple[int, float | None]:
+    """Evaluate the experiment of ``cfg`` (parsed with ``evaluation=True``), as ``msf-enjoy`` would.
+
+    Returns:
+        ``(status, mean return)``, as Sample Factory's ``enjoy``: the exit code (:class:`ExperimentStatus`) and
+        the mean return of the episodes played (the mean over agents of a multi-agent env), the ``return_mean``
+        ``msf-enjoy`` writes to ``TRAIN_DIR/EXPERIMENT/eval.json``; None when nothing was played.
+    """
     from msf.enjoy import build_enjoy_parser, main
 
     parser = build_enjoy_parser()
     dests = {a.dest for a in parser._actions if a.dest != "help"}
     ours, extra, given = _split(cfg, dests)
     ns = {**vars(parser.parse_args([])), **{k: v for k, v in ours.items() if k in dests}, "env_args": extra}
-    return main(parsed=(ns, given))
+    status = main(parsed=(ns, given))
+    result = os.path.join(ns["train_dir"], ns["experiment"], "eval.json")
+    if status != ExperimentStatus.SUCCESS or not os.path.exists(result):
+        return status, None
+    with open(result) as f:
+        return status, json.load(f)["return_mean"]
 
 
 # --- environments ------------------------------------------------------------------------------------------------
@@ -195,8 +210,22 @@ class _SFMaker:
 
 def register_env(env_name: str, make_env_func: Callable[..., gym.Env]) -> None:
     """Register ``make_env_func(full_env_name, cfg, env_config, render_mode=None) -> gymnasium.Env`` as
-    ``--env=env_name`` (Sample Factory's signature; ``cfg`` has every flag, the script's own too)."""
-    _register_msf_env(env_name, _SFMaker(make_env_func))
+    ``--env=env_name`` (Sample Factory's signature; ``cfg`` has every flag, the script's own too).
+
+    msf's worker processes receive the maker pickled (by reference); one that does not pickle (a lambda, a nested
+    function) reaches them only if a module they import registers it at import: a warning says so at once, and a
+    worker without it names that cause."""
+    maker = _SFMaker(make_env_func)
+    try:
+        pickle.dumps(maker)
+    except Exception as e:  # noqa: BLE001 - any pickling failure means the same thing here
+        warnings.warn(
+            f"register_env({env_name!r}, ...): {getattr(make_env_func, '__qualname__', make_env_func)} does not "
+            f"pickle ({type(e).__name__}: {e}), so msf's worker processes receive it only if a module they import "
+            "registers it at import; define it at the top level of a module or of the script",
+            stacklevel=2,
+        )
+    _register_msf_env(env_name, maker)
 
 
 class TrainingInfoInterface:

@@ -49,6 +49,8 @@ def test_the_launch_script_trains_its_env_and_enjoy_plays_it(tmp_path):
     ev = json.loads((train_dir / "beacon" / "eval.json").read_text())
     assert ev["num_episodes"] == 4 and all(e["length"] == 12 for e in ev["episodes"])
     assert ev["return_mean"] >= 11.0  # of 12: the trained policy reads the beacon
+    # enjoy(cfg) returns (status, mean return) as Sample Factory's does; the script prints the mean
+    assert f"mean return {ev['return_mean']}" in r.stdout.splitlines()
     # a resume without the flag keeps the saved value too
     r = _script(*common, "--train_for_env_steps=64000", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -87,6 +89,35 @@ def test_an_env_failing_in_the_workers_is_named_with_its_exception(tmp_path, gro
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("msf-train: a device group failed: ")
     assert "rollout_worker_0" in last and "RuntimeError: the license server is unreachable" in last
+
+
+LAMBDA = """
+import sys
+import gymnasium as gym
+from msf.sf2 import parse_full_cfg, parse_sf_args, register_env, run_rl
+
+def main():
+    register_env("lam", lambda full_env_name, cfg, env_config, render_mode=None: gym.make("CartPole-v1"))
+    parser, _ = parse_sf_args()
+    return run_rl(parse_full_cfg(parser))
+
+if __name__ == "__main__":
+    sys.exit(main())
+"""
+
+
+def test_a_maker_that_cannot_reach_the_workers_is_named_at_registration_and_in_the_failure(tmp_path):
+    """A lambda registered in main() does not pickle, so the workers never get it (Sample Factory's scripts have
+    the same limit): register_env warns at once, and the run's last line names that cause, not "unknown
+    environment"."""
+    script = tmp_path / "lam.py"
+    script.write_text(LAMBDA)
+    args = ["--env=lam", "--experiment=l", f"--train_dir={tmp_path / 'td'}", "--device=cpu", "--num_workers=1"]
+    r = _script(*args, cwd=tmp_path, script=script, timeout=180)
+    assert r.returncode == 1
+    assert "register_env('lam', ...): main.<locals>.<lambda> does not pickle" in r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert "environment 'lam' is not registered in this process" in last and "could not be sent" in last, last
 
 
 def test_the_api_parses_like_sample_factory(tmp_path, monkeypatch):

@@ -246,6 +246,11 @@ def test_command_line_end_to_end(experiment, capsys):
     ts = os.path.join(train_dir, "elsewhere", "cart.pt")
     assert main(["--experiment=cart", f"--train_dir={train_dir}", "--format=torchscript", f"--output={ts}"]) == 0
     assert os.path.exists(ts) and os.path.exists(os.path.join(train_dir, "elsewhere", "cart.pt.json"))
+    # the files have the mode open() gives (0o666 less the umask), as checkpoints do, not a temporary file's 0600
+    umask = os.umask(0)
+    os.umask(umask)
+    for f in (path, path + ".json", ts, ts + ".json"):
+        assert os.stat(f).st_mode & 0o777 == 0o666 & ~umask, f
     got = _runner("torchscript", ts)(obs.numpy(), states.numpy())
     for g, r in zip(got, _reference(model, obs, states)):
         assert np.abs(g - r).max() <= TOL

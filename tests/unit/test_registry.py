@@ -67,3 +67,28 @@ def test_a_declaration_needs_gymnasium_spaces_and_names_that_exist():
     declare_spaces("NoSuchEnv-v0", gym.spaces.Box(0, 1, (4,)), gym.spaces.Discrete(2))
     with pytest.raises(ConfigError, match="unknown environment 'NoSuchEnv-v0'"):
         env_spaces("NoSuchEnv-v0")
+
+
+def test_an_env_maker_that_cannot_travel_to_the_workers_is_named_with_the_reason_there(monkeypatch):
+    """A maker registered in the launching process that does not pickle (a lambda) cannot reach a spawned worker;
+    the worker's error names that cause instead of "unknown environment". Simulated in this process: the snapshot
+    a child receives, restored after the entry is gone (as in a fresh child)."""
+    from msf.runtime import registrations
+
+    monkeypatch.setattr(registry, "_REGISTRY", registrations.registry("env"))  # the registry snapshots read
+    register_env("msf_test_lambda_env", lambda name, env_config: gym.make("CartPole-v1"))
+    try:
+        snap = registrations.snapshot()
+        assert "msf_test_lambda_env" not in snap.get("env", {})
+        del registrations.registry("env")["msf_test_lambda_env"]  # the child never had it
+        registrations.restore(snap)
+        with pytest.raises(ConfigError) as e:
+            make_env("msf_test_lambda_env")
+        msg = str(e.value)
+        assert "could not be sent" in msg and "lambda" in msg and "top level" in msg, msg
+        # an env never registered anywhere keeps the plain message
+        with pytest.raises(ConfigError, match="unknown environment 'msf_test_no_such_env'"):
+            make_env("msf_test_no_such_env")
+    finally:
+        registrations.registry("env").pop("msf_test_lambda_env", None)
+        registrations._UNSENT.pop(("env", "msf_test_lambda_env"), None)

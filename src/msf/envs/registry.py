@@ -19,7 +19,7 @@ import gymnasium as gym
 import numpy as np
 
 from msf.cfg.validation import ConfigError
-from msf.runtime.registrations import registry
+from msf.runtime.registrations import registry, why_missing
 
 MakeEnvFn = Callable[[str, dict], gym.Env]
 # carried to every process msf spawns (msf.runtime.registrations), so a registration made in a script's main() works
@@ -175,6 +175,9 @@ def make_env(name: str, env_config: dict[str, Any] | None = None, render_mode: s
         # the env checker costs ~10 us per step on tiny envs, and runs only on the first steps anyway
         env = flatten_dict_obs(gym.make(key, disable_env_checker=True, render_mode=render_mode))
     except gym.error.Error as e:
+        unsent = why_missing("env", key)
+        if unsent is not None:
+            raise ConfigError(f"--env: environment {name!r} is not registered in this process: {unsent}") from None
         raise ConfigError(
             f"--env: unknown environment {name!r} ({e}). Valid: a gymnasium id such as CartPole-v1, "
             "'module:Id' to import a module that registers it, or a name passed to msf.envs.register_env"

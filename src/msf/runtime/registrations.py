@@ -14,6 +14,9 @@ import pickle
 from typing import Any
 
 _REGISTRIES: dict[str, dict[str, Any]] = {}
+# (kind, name) -> why the launching process could not send that entry (it did not pickle): filled by restore()
+_UNSENT: dict[tuple[str, str], str] = {}
+_UNSENT_KIND = "__unsent__"  # the snapshot's entry listing them, "kind:name" -> the reason (utf-8)
 
 
 def registry(kind: str) -> dict[str, Any]:
@@ -23,21 +26,40 @@ def registry(kind: str) -> dict[str, Any]:
 
 def snapshot() -> dict[str, dict[str, bytes]]:
     """Every entry of every registry that pickles, pickled (a lambda does not: it is left out, and reaches a
-    child only if the module that registers it is imported there)."""
+    child only if the module that registers it is imported there; the snapshot lists it with the reason, for
+    :func:`why_missing` in the child)."""
     out: dict[str, dict[str, bytes]] = {}
     for kind, entries in _REGISTRIES.items():
         for name, value in entries.items():
             try:
                 out.setdefault(kind, {})[name] = pickle.dumps(value)
-            except Exception:  # noqa: BLE001 - unpicklable (a lambda, a local function): left out
-                continue
+            except Exception as e:  # noqa: BLE001 - unpicklable (a lambda, a local function): left out
+                out.setdefault(_UNSENT_KIND, {})[f"{kind}:{name}"] = f"{type(e).__name__}: {e}".encode()
     return out
+
+
+def why_missing(kind: str, name: str) -> str | None:
+    """Why ``name`` of registry ``kind`` is missing in this spawned process although the process that started it
+    had registered it (it did not pickle; see :func:`snapshot`); None when that is not the case."""
+    reason = _UNSENT.get((kind, name))
+    if reason is None:
+        return None
+    return (
+        f"it was registered in the launching process, but could not be sent to this one ({reason}): register a "
+        "function or class defined at the top level of a module or of the script (not a lambda or a nested "
+        "function), or register it at import of a module that every process imports"
+    )
 
 
 def restore(snap: dict[str, dict[str, bytes]] | None) -> None:
     """Add the entries of a :func:`snapshot` that this process does not have yet (an entry that cannot be
     unpickled here is skipped: using it raises the registry's own "not registered" error)."""
     for kind, entries in (snap or {}).items():
+        if kind == _UNSENT_KIND:
+            for key, reason in entries.items():
+                entry_kind, _, name = key.partition(":")
+                _UNSENT[(entry_kind, name)] = reason.decode()
+            continue
         target = registry(kind)
         for name, blob in entries.items():
             if name in target:
