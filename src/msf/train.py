@@ -137,6 +137,44 @@ def check_shared_memory(cfg: Config, spaces: EnvSpaces, model) -> None:
     )
 
 
+# Open files a device group's process holds: ~46 of its own (torch, logs, queues) and 5 per worker process it
+# starts (the worker's pipe and queue ends, its shared counters, its process sentinel), measured in /proc/PID/fd
+# with 1 and 8 rollout workers (2026-12-02); with room for TensorBoard, checkpoints and the rendezvous.
+FDS_BASE, FDS_PER_WORKER = 256, 8
+
+
+def check_file_descriptors(cfg: Config) -> str | None:
+    """Make sure a device group's process may open the files its workers need: raise the soft limit of open files
+    (``ulimit -n``) up to the hard one when it is short, before anything is spawned (clusters often set a soft
+    limit of 1,024, which ~120 workers exceed; it failed after spawning, with "Too many open files").
+
+    Returns:
+        A line for the log when the soft limit was raised, else None.
+
+    Raises:
+        ConfigError: even the hard limit is too low, naming ``--num_workers``, the figures and ``ulimit -Hn``.
+    """
+    try:
+        import resource
+    except ImportError:  # not a Unix
+        return None
+    groups = cfg.nproc_per_node or 1  # None before resolve(): one
+    workers = -(-cfg.num_workers // groups) + cfg.policy_workers_per_policy * cfg.num_policies
+    need = FDS_BASE + FDS_PER_WORKER * workers
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or need <= soft:
+        return None
+    if hard != resource.RLIM_INFINITY and need > hard:
+        raise ConfigError(
+            f"--num_workers: {workers} worker processes per device group need about {need} open files in its "
+            f"process, and the limit here is {hard} (ulimit -Hn): use fewer --num_workers (or more "
+            "--nproc_per_node), or raise the hard limit"
+        )
+    resource.setrlimit(resource.RLIMIT_NOFILE, (need if hard == resource.RLIM_INFINITY else hard, hard))
+    now = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return f"raised the limit of open files from {soft} to {now} for {workers} worker processes per device group"
+
+
 def main(argv: list[str] | None = None, parsed: tuple[Config, set[str]] | None = None) -> int:
     """Parse, validate and resolve (before any process is spawned), train; return the exit code. ``parsed``: a
     config and the names of its flags given explicitly, instead of ``argv`` (:func:`msf.sf2.run_rl`)."""
@@ -255,7 +293,8 @@ def prepare(cfg: Config, given: set[str]) -> tuple[Config, EnvSpaces, NodePlan, 
 
         check_envpool(cfg, spaces)
     check_shared_memory(cfg, spaces, check_model(cfg, spaces))
-    return cfg, spaces, plan, changes, notes
+    raised = check_file_descriptors(cfg)
+    return cfg, spaces, plan, changes, notes + ([raised] if raised else [])
 
 
 def _check_sync_or_go_async(cfg: Config, given: set[str], num_agents: int) -> tuple[Config, list[str]]:

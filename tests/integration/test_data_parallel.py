@@ -104,6 +104,25 @@ def test_bad_topology_one_line_exit_2(tmp_path, args, expected):
     assert len(lines) == 1 and expected in lines[0], r.stderr
 
 
+def _hard_open_files_limit() -> float:
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    return float("inf") if hard == resource.RLIM_INFINITY else hard
+
+
+@pytest.mark.skipif(
+    _hard_open_files_limit() > 800_000, reason="this machine lets a process open 100,000 workers' files"
+)
+def test_more_workers_than_the_open_files_limit_allows_is_refused_before_spawning(tmp_path):
+    """It used to spawn workers until "Too many open files" (exit 1); now one line, exit 2, nothing written."""
+    r = run_msf(["--experiment=many", f"--train_dir={tmp_path}", "--num_workers=100000"], timeout=120)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("msf-train: error: --num_workers: 100001 worker processes"), lines
+    assert "(ulimit -Hn)" in lines[0] and not (tmp_path / "many").exists()
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised when no GPU is present")
 def test_explicit_gpu_without_cuda_is_refused(tmp_path):
     r = run_msf(["--experiment=gpu", f"--train_dir={tmp_path}", "--device=gpu"], timeout=60)

@@ -75,3 +75,53 @@ def test_a_dev_shm_too_small_is_refused_with_what_is_needed_free_and_to_change(m
     assert msf.train.shared_memory_bytes(two, IMAGE, model) == (2 * buffers, 2 * weights)
     with pytest.raises(ConfigError, match="2 device groups x trajectory buffer"):
         msf.train.check_shared_memory(two, IMAGE, model)
+
+
+class _Limits:
+    """A stand-in for the ``resource`` module's open-files limit: getrlimit reads it, setrlimit records the call."""
+
+    RLIMIT_NOFILE = 7
+    RLIM_INFINITY = -1
+
+    def __init__(self, soft: int, hard: int):
+        self.limit, self.set_to = (soft, hard), None
+
+    def getrlimit(self, which):
+        assert which == self.RLIMIT_NOFILE
+        return self.limit
+
+    def setrlimit(self, which, limit):
+        self.set_to = self.limit = limit
+
+
+@pytest.mark.parametrize(
+    "workers, soft, hard, expect",
+    [
+        (4, 1024, 4096, "kept"),  # 256 + 8 x (4 + 1) = 296 <= 1024
+        (200, 1024, 4096, "raised"),  # 256 + 8 x 201 = 1864 > 1024: the soft limit goes to the hard one
+        (1000, 1024, 4096, "refused"),  # 8,264 > 4,096
+    ],
+)
+def test_the_open_files_a_device_group_needs_are_made_available_or_refused(monkeypatch, workers, soft, hard, expect):
+    import sys
+
+    from msf import train
+
+    limits = _Limits(soft, hard)
+    monkeypatch.setitem(sys.modules, "resource", limits)
+    cfg = Config(num_workers=workers, num_envs_per_worker=2, rollout=8, batch_size=16)
+    need = train.FDS_BASE + train.FDS_PER_WORKER * (workers + cfg.policy_workers_per_policy)
+    if expect == "refused":
+        with pytest.raises(ConfigError) as e:
+            train.check_file_descriptors(cfg)
+        assert str(e.value).startswith("--num_workers: ") and f"about {need} open files" in str(e.value)
+        assert f"limit here is {hard}" in str(e.value) and limits.set_to is None
+        return
+    note = train.check_file_descriptors(cfg)
+    if expect == "kept":
+        assert note is None and limits.set_to is None
+    else:
+        assert limits.set_to == (hard, hard) and need <= hard
+        assert note == f"raised the limit of open files from {soft} to {hard} for {workers + 1} worker processes " + (
+            "per device group"
+        )
