@@ -94,7 +94,6 @@ def serve_alone_us(flags: list[str], calls: int = 1000) -> float:
     split's request, called ``calls`` times in a loop in this process (one thread, warm caches, no pipes, no
     waiting), divided by the split's rows. Against the inference workers' figure of the sampler run, it shows what
     running in a process of its own adds (waking, the pipes' system calls, caches the other processes cooled)."""
-    import threading
     import time
 
     import torch
@@ -105,8 +104,6 @@ def serve_alone_us(flags: list[str], calls: int = 1000) -> float:
     from msf.envs.registry import env_config_of, env_spaces
     from msf.model.actor_critic import ActorCritic
     from msf.sampling.inference_worker import InferenceWorker
-    from msf.sampling.messages import InferenceCounters
-    from msf.sampling.protocol import InferenceWorkerSpec
     from msf.sampling.published_weights import PublishedWeights
     from msf.sampling.trajectory_buffer import TrajectoryBuffer
 
@@ -120,20 +117,7 @@ def serve_alone_us(flags: list[str], calls: int = 1000) -> float:
         model = ActorCritic(cfg, spaces).eval()
         weights = PublishedWeights(model)
         weights.publish(model, 0)
-        spec = InferenceWorkerSpec(
-            cfg=cfg,
-            derived=derived,
-            spaces=spaces,
-            buffer=buffer,
-            policy=0,
-            conns={},
-            weights=weights,
-            device="cpu",
-            stop_event=threading.Event(),
-            parent_pid=None,
-            counters=InferenceCounters(),
-        )
-        worker = InferenceWorker(spec)
+        worker = InferenceWorker.in_process(cfg, derived, spaces, buffer, weights)
         rows = cfg.num_workers * derived.agents_per_split * cfg.worker_num_splits
         buffer.cursors[..., 0] = torch.arange(rows).view(cfg.num_workers, -1)  # every row at a slot of its own
         worker.serve([(0, 0)])

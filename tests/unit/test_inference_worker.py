@@ -3,8 +3,6 @@ requested splits, and nowhere else."""
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 import torch
@@ -13,8 +11,6 @@ from msf.cfg.config import Config, Derived
 from msf.envs.registry import EnvSpaces
 from msf.model.actor_critic import ActorCritic
 from msf.sampling.inference_worker import InferenceWorker
-from msf.sampling.messages import InferenceCounters
-from msf.sampling.protocol import InferenceWorkerSpec
 from msf.sampling.published_weights import PublishedWeights
 from msf.sampling.trajectory_buffer import TrajectoryBuffer
 
@@ -55,20 +51,7 @@ def _rig(num_policies: int, use_rnn: bool, policy: int):
     model = ActorCritic(cfg, spaces).eval()
     weights = PublishedWeights(model)
     weights.publish(model, 7)
-    spec = InferenceWorkerSpec(
-        cfg=cfg,
-        derived=derived,
-        spaces=spaces,
-        buffer=buffer,
-        policy=policy,
-        conns={},
-        weights=weights,
-        device="cpu",
-        stop_event=threading.Event(),
-        parent_pid=None,
-        counters=InferenceCounters(),
-    )
-    return buffer, model, InferenceWorker(spec)
+    return buffer, model, InferenceWorker.in_process(cfg, derived, spaces, buffer, weights, policy=policy)
 
 
 @pytest.mark.parametrize("num_policies, use_rnn, policy", [(1, False, 0), (1, True, 0), (2, True, 1)])

@@ -265,7 +265,6 @@ def test_kl_loss_is_zero_with_zero_gradient_when_the_policy_has_not_moved():
 
 @pytest.mark.parametrize("discrete", [True, False])
 def test_inference_worker_records_the_behaviour_distribution_only_with_the_kl_loss(discrete):
-    import threading
 
     import numpy as np
 
@@ -273,8 +272,6 @@ def test_inference_worker_records_the_behaviour_distribution_only_with_the_kl_lo
     from msf.envs.registry import EnvSpaces
     from msf.model.actor_critic import ActorCritic
     from msf.sampling.inference_worker import InferenceWorker
-    from msf.sampling.messages import InferenceCounters
-    from msf.sampling.protocol import InferenceWorkerSpec
     from msf.sampling.published_weights import PublishedWeights
     from msf.sampling.trajectory_buffer import TrajectoryBuffer
 
@@ -297,20 +294,8 @@ def test_inference_worker_records_the_behaviour_distribution_only_with_the_kl_lo
         model = ActorCritic(cfg, spaces).eval()
         weights = PublishedWeights(model)
         weights.publish(model, 3)
-        spec = InferenceWorkerSpec(
-            cfg=cfg,
-            derived=derived,
-            spaces=spaces,
-            buffer=buffer,
-            policy=0,
-            conns={},
-            weights=weights,
-            device="cpu",
-            stop_event=threading.Event(),
-            parent_pid=None,
-            counters=InferenceCounters(),
-        )
-        InferenceWorker(spec).serve([(0, 0), (0, 1)])  # both splits: the 4 envs
+        worker = InferenceWorker.in_process(cfg, derived, spaces, buffer, weights)
+        worker.serve([(0, 0), (0, 1)])  # both splits: the 4 envs
         slots, ts = buffer.cursors[0, :, 0], buffer.cursors[0, :, 1]
         with torch.no_grad():
             expected = model(buffer.obs[slots, ts])[0]

@@ -18,8 +18,8 @@ from msf.cfg.config import Derived
 from msf.envs.registry import env_spaces
 from msf.model.actor_critic import ActorCritic
 from msf.sampling.inference_worker import InferenceWorker
-from msf.sampling.messages import FullTrajectories, InferenceCounters, RolloutCounters
-from msf.sampling.protocol import InferenceWorkerSpec, RolloutWorkerSpec
+from msf.sampling.messages import FullTrajectories, RolloutCounters
+from msf.sampling.protocol import RolloutWorkerSpec
 from msf.sampling.published_weights import PublishedWeights
 from msf.sampling.rollout_worker import RolloutWorker
 from msf.sampling.trajectory_buffer import TrajectoryBuffer
@@ -52,21 +52,7 @@ class SerialSampler:
             ),
             send_request=lambda policy, split: self.requests.append(split),
         )
-        self.inference = InferenceWorker(
-            InferenceWorkerSpec(
-                cfg=cfg,
-                derived=derived,
-                spaces=spaces,
-                buffer=buffer,
-                policy=0,
-                conns={},
-                weights=weights,
-                device="cpu",
-                stop_event=stop,
-                parent_pid=None,
-                counters=InferenceCounters(),
-            )
-        )
+        self.inference = InferenceWorker.in_process(cfg, derived, spaces, buffer, weights, stop_event=stop)
 
     def start(self) -> None:
         self.rollout.start()

@@ -12,8 +12,10 @@ Before each batch it loads the newest weights the learner has published.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from multiprocessing.connection import wait
+from typing import Any
 
 import numpy as np
 import torch
@@ -76,6 +78,36 @@ class InferenceWorker:
         self.deterministic, self.seed = cfg.deterministic, cfg.seed
         self.first_row = spec.first_worker * self.cursors.shape[1]
         self.generators: dict[int, torch.Generator] = {}
+
+    @classmethod
+    def in_process(
+        cls,
+        cfg: Any,
+        derived: Any,
+        spaces: Any,
+        buffer: Any,
+        weights: Any,
+        policy: int = 0,
+        stop_event: Any = None,
+    ) -> "InferenceWorker":
+        """An inference worker driven from outside in this process (no pipes, no parent to watch, CPU, its own
+        counters): for :meth:`serve` called directly, by tests and benchmarks. ``stop_event``: None makes one."""
+        from msf.sampling.messages import InferenceCounters
+
+        spec = InferenceWorkerSpec(
+            cfg=cfg,
+            derived=derived,
+            spaces=spaces,
+            buffer=buffer,
+            policy=policy,
+            conns={},
+            weights=weights,
+            device="cpu",
+            stop_event=threading.Event() if stop_event is None else stop_event,
+            parent_pid=None,
+            counters=InferenceCounters(),
+        )
+        return cls(spec)
 
     def _generators(self, rows: np.ndarray) -> list[torch.Generator]:
         """The action generators of these job-wide rows (made on first use)."""
