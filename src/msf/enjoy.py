@@ -27,7 +27,7 @@ import time
 import numpy as np
 import torch
 
-from msf.cfg.arguments import SCOPE_NOTES, build_parser, integer, str2bool
+from msf.cfg.arguments import EVALUATION_FLAGS, SCOPE_NOTES, build_parser, integer, str2bool
 from msf.cfg.config import FIXED_FLAGS, Config, merge_env_args
 from msf.cfg.flags import FIXED, IGNORED
 from msf.cfg.validation import ConfigError, Problems
@@ -159,7 +159,7 @@ def _load_config(cfg: Config, given: set[str]) -> Config:
         return cfg
     try:
         with open(path) as f:
-            saved = Config.from_dict(msf_config_dict(json.load(f), path, Config)).to_dict()
+            saved = Config.from_dict(msf_config_dict(json.load(f), path, Config, frozenset(EVALUATION_FLAGS))).to_dict()
     except Sf2Refused as e:  # a Sample Factory config msf cannot map
         raise ConfigError(str(e)) from None
     except (OSError, ValueError, TypeError) as e:

@@ -228,7 +228,7 @@ def _check_version(d: dict, path: str) -> None:
         _refuse(f"{path}: algo={d.get('algo')!r}; msf reads Sample Factory's APPO runs")
 
 
-def msf_config_dict(d: dict, path: str, config_cls: type) -> dict:
+def msf_config_dict(d: dict, path: str, config_cls: type, command_flags: frozenset[str] = frozenset()) -> dict:
     """The msf config of a loaded ``config.json``: ``d`` itself when it is msf's; a Sample Factory 2.1.1 one
     converted (its values under msf's names, which are Sample Factory's), with a line that names the keys that have
     no msf counterpart and were left out.
@@ -236,6 +236,8 @@ def msf_config_dict(d: dict, path: str, config_cls: type) -> dict:
     Args:
         d: the loaded file. path: its path (for the messages). config_cls: msf's config dataclass
             (:class:`msf.cfg.config.Config`): its fields are the flags, with their ``choices`` in ``metadata``.
+        command_flags: flags msf takes from each command's line, not from a saved config (msf-enjoy's
+            evaluation flags): left out without being named as having no counterpart.
 
     Returns:
         a dict for ``config_cls.from_dict``: ``train_dir`` and ``experiment`` are left out (msf takes them from its
@@ -253,7 +255,7 @@ def msf_config_dict(d: dict, path: str, config_cls: type) -> dict:
     out: dict = {}
     dropped = []
     for key, value in d.items():
-        if key in _RECORDS or key in _WHERE:
+        if key in _RECORDS or key in _WHERE or key in command_flags:
             continue
         if key not in fields:
             if key in _NEUTRAL and value != _NEUTRAL[key]:

@@ -9,6 +9,7 @@ import shutil
 import sys
 import time
 
+from msf.cfg.arguments import EVALUATION_FLAGS
 from msf.cfg.config import FIXED_FLAGS, LAUNCH_FLAGS, Config, merge_env_args
 from msf.cfg.validation import ConfigError
 from msf.persistence.checkpoint import scan_checkpoints, set_aside
@@ -85,7 +86,7 @@ def resume_config(cfg: Config, given: set[str]) -> tuple[Config, list[str]]:
         return cfg, []
     try:
         with open(path) as f:
-            saved = Config.from_dict(msf_config_dict(json.load(f), path, Config)).to_dict()
+            saved = Config.from_dict(msf_config_dict(json.load(f), path, Config, frozenset(EVALUATION_FLAGS))).to_dict()
     except Sf2Refused as e:
         raise ConfigError(str(e)) from None
     except (OSError, ValueError, TypeError) as e:
