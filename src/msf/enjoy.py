@@ -159,7 +159,7 @@ def _load_config(cfg: Config, given: set[str]) -> Config:
         return cfg
     try:
         with open(path) as f:
-            saved = Config.from_dict(msf_config_dict(json.load(f), path, Config, frozenset(EVALUATION_FLAGS))).to_dict()
+            saved = Config.from_dict(msf_config_dict(json.load(f), path, Config, EVALUATION_FLAGS)).to_dict()
     except Sf2Refused as e:  # a Sample Factory config msf cannot map
         raise ConfigError(str(e)) from None
     except (OSError, ValueError, TypeError) as e:

@@ -206,7 +206,7 @@ def test_the_config_maps_under_msfs_names_and_leaves_out_the_rest(capsys, caplog
     assert "train_dir" not in d and "experiment" not in d and "command_line" not in d
     # msf-enjoy's own flags (as msf-train and msf-enjoy pass them) come from its command line: not named as missing
     caplog.clear()
-    assert msf_config_dict(sf, path, Config, frozenset(EVALUATION_FLAGS)) == d
+    assert msf_config_dict(sf, path, Config, EVALUATION_FLAGS) == d
     assert "load_checkpoint_kind" not in capsys.readouterr().err + caplog.text
     cfg = Config.from_dict(d)
     assert (cfg.use_rnn, cfg.rnn_type, cfg.rnn_size, cfg.encoder_mlp_layers) == (True, "gru", 8, [16])

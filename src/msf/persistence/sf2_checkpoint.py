@@ -58,7 +58,7 @@ import math
 import os
 import re
 import sys
-from typing import NoReturn
+from typing import Collection, NoReturn
 
 import torch
 
@@ -228,7 +228,7 @@ def _check_version(d: dict, path: str) -> None:
         _refuse(f"{path}: algo={d.get('algo')!r}; msf reads Sample Factory's APPO runs")
 
 
-def msf_config_dict(d: dict, path: str, config_cls: type, command_flags: frozenset[str] = frozenset()) -> dict:
+def msf_config_dict(d: dict, path: str, config_cls: type, command_flags: Collection[str] = ()) -> dict:
     """The msf config of a loaded ``config.json``: ``d`` itself when it is msf's; a Sample Factory 2.1.1 one
     converted (its values under msf's names, which are Sample Factory's), with a line that names the keys that have
     no msf counterpart and were left out.
