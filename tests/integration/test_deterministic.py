@@ -22,6 +22,15 @@ CARTPOLE = [
 ]
 
 
+def _curve(train_dir, name: str, tag: str = "episode/return_mean") -> list[tuple[int, float]]:
+    """The run's TensorBoard points of ``tag``: (step, value), in order."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(train_dir / name / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)] if tag in acc.Tags()["scalars"] else []
+
+
 def _train(train_dir, name: str, args: list[str], steps: int) -> tuple[dict, dict]:
     r = run_msf(
         [*args, f"--experiment={name}", f"--train_dir={train_dir}", f"--train_for_env_steps={steps}"],
@@ -31,7 +40,11 @@ def _train(train_dir, name: str, args: list[str], steps: int) -> tuple[dict, dic
     s = read_summary(train_dir, name)
     assert s["status"] == "done" and s["async_rl"] is False and s["policy_lag_max_run"] == 0.0
     (last,) = sorted(glob.glob(str(train_dir / name / "checkpoint_p0" / "checkpoint_*.pth")))[-1:]
-    return s, torch.load(last, weights_only=False)
+    ckpt = torch.load(last, weights_only=False)
+    # the curves are written every iteration (not at wall-clock intervals), so that they repeat too: one point per
+    # iteration at its env step count
+    ckpt["return_curve"] = _curve(train_dir, name)
+    return s, ckpt
 
 
 def _same_tensors(a: dict, b: dict) -> list[str]:
@@ -52,6 +65,11 @@ def _same_run(sa: dict, sb: dict, ca: dict, cb: dict) -> None:
     assert ca["episodes"] == cb["episodes"] and sa["episodes"] == sb["episodes"] == ca["episodes"] > 0
     assert ca["episode_returns"] == cb["episode_returns"] and len(ca["episode_returns"]) > 5
     assert ca["episode_lengths"] == cb["episode_lengths"]
+    # the mean-return curve: a point at every iteration that had episodes, the same steps and values on both runs
+    assert ca["return_curve"] == cb["return_curve"]
+    iteration = sa["env_steps"] // sa["train_steps"]  # these settings take one SGD step per iteration
+    steps = [step for step, _ in ca["return_curve"]]
+    assert len(steps) >= 2 and {b - a for a, b in zip(steps, steps[1:])} == {iteration}, steps
 
 
 @pytest.mark.parametrize(

@@ -4,9 +4,18 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
-from .conftest import SMALL_ENV_FLAGS, SMALL_ITERATION, SMALL_SGD_STEPS, read_summary, run_msf
+from .conftest import (
+    SLACK_S,
+    SMALL_ENV_FLAGS,
+    SMALL_ITERATION,
+    SMALL_SGD_STEPS,
+    first_step_reaching,
+    read_summary,
+    run_msf,
+)
 
 SUMMARY_KEYS = {
     "env_steps",
@@ -120,3 +129,32 @@ def test_a_budget_below_one_iteration_trains_that_iteration_and_saves_it(train_d
     (ckpt,) = (train_dir / "tiny" / "checkpoint_p0").glob("checkpoint_*.pth")
     state = torch.load(ckpt, weights_only=True)
     assert (state["env_steps"], state["train_step"]) == (1024, 2)
+
+
+@pytest.mark.parametrize("extra", [[], ["--nproc_per_node=2", "--batch_size=256"]], ids=["one-group", "two-groups"])
+def test_stop_at_return_mean_ends_the_run_at_the_first_summary_that_reaches_it(train_dir, extra):
+    """--stop_at_return_mean=150 with a budget of 300k steps (CartPole reaches 150 in ~30-60k with these settings):
+    the run ends "done" at the first summary whose mean return is >= 150 (TensorBoard's first such point is its
+    last step, every earlier point is below), every rank at the same iteration, with a checkpoint of that step."""
+    r = run_msf(
+        [
+            "--env=CartPole-v1",
+            "--experiment=target",
+            f"--train_dir={train_dir}",
+            "--seed=1",
+            "--train_for_env_steps=300000",
+            "--experiment_summaries_interval=1",
+            "--stop_at_return_mean=150",
+            *SMALL_ENV_FLAGS,
+            *extra,
+        ],
+        timeout=180 + SLACK_S,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = read_summary(train_dir, "target")
+    assert s["status"] == "done" and s["world_size"] == (2 if extra else 1)
+    assert s["episode_return_mean"] >= 150 and s["env_steps"] < 300_000
+    assert s["return_target_reached_at"] == s["env_steps"] == first_step_reaching(train_dir / "target", 150.0)
+    assert s["train_steps"] == s["env_steps"] // SMALL_ITERATION * SMALL_SGD_STEPS  # its last iteration trained
+    ckpt = sorted((train_dir / "target" / "checkpoint_p0").glob("checkpoint_*.pth"))[-1]
+    assert torch.load(ckpt, weights_only=True)["env_steps"] == s["env_steps"]

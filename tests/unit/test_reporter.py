@@ -154,6 +154,7 @@ def test_the_summary_holds_the_runs_figures():
         "pbt_replacements",
         "resumed_from_env_steps",
         "envs_started_after_s",
+        "return_target_reached_at",
     } == s.keys()
     assert (s["status"], s["env_steps"], s["episodes"], s["dropped_trajectories"]) == ("done", 3000, 2, 1)
     assert s["fps"] == 300.0 and s["episode_return_mean"] == 5.0 and s["episode_length_mean"] == 50.0
@@ -162,6 +163,7 @@ def test_the_summary_holds_the_runs_figures():
     # the run's largest lag, per policy and (policy 0's) at the top, as gathered over the ranks
     assert (s["policy_lag_max_run"], s["policies"]["1"]["policy_lag_max_run"]) == (2.0, 5.0)
     assert (s["async_rl"], s["serial_mode"]) == (True, False)
+    assert s["return_target_reached_at"] is None  # no --stop_at_return_mean
 
 
 def test_the_summary_reports_the_current_lr_beside_the_configured_one():

@@ -522,6 +522,12 @@ class StoppingFlags:
         10_000_000_000, "Stop after this many env steps (env frames with summaries_use_frameskip)"
     )
     train_for_seconds: int = flag(10_000_000_000, "Stop after this many seconds of training")
+    stop_at_return_mean: float | None = flag(
+        None,
+        "Stop (status done) once the mean return of the job's last stats_avg episodes (the status line's "
+        "return_mean; with several policies, the best of them) reaches this, checked at each summary: every "
+        "experiment_summaries_interval seconds, every iteration with --deterministic (default: no target)",
+    )
 
 
 @section(PERSISTENCE)

@@ -96,6 +96,8 @@ class Reporter:
         policies: per policy, its :class:`PolicyReport` (the loop fills them in).
         global_stats: the figures of the last summary, over all ranks (empty before the first).
         summary_frames: the frame count of the last summary (None before the first).
+        target_reached_frames: the frame count of the summary whose mean return reached
+            ``--stop_at_return_mean`` (None: not reached, or no target).
     """
 
     def __init__(
@@ -124,6 +126,8 @@ class Reporter:
         self.local_waits = [0.0, 0.0, 0.0]
         self.global_stats: dict[str, Any] = {}
         self.summary_frames: int | None = None
+        # the frame count of the summary at which --stop_at_return_mean was reached (the loop sets it)
+        self.target_reached_frames: int | None = None
         self.threads_tuned = cfg.learner_threads > 0  # a given number is kept
         # the start-up of this group's envs (:meth:`startup_progress`): seconds until every one had started
         self.envs_started_after_s: float | None = None
@@ -288,9 +292,10 @@ class Reporter:
             "wait_shares": torch.tensor([r.wait_shares for r in ranks], dtype=torch.float64).mean(0).tolist(),
         }
 
-    def summaries(self) -> None:
+    def summaries(self, log_status: bool = True) -> None:
         """Collective (every rank at the same agreement): gather the statistics, tune the learner's threads
-        once; rank 0 writes TensorBoard's points at the current frame count and the status line."""
+        once; rank 0 writes TensorBoard's points at the current frame count and (``log_status``) the status
+        line."""
         self.summary_frames = self.frames
         self._gather()
         self._tune_learner_threads()
@@ -298,7 +303,8 @@ class Reporter:
             return
         recent, total = self.fps()
         self.tb.add(self._scalars(recent, total), self.frames)
-        self._log_status(recent, total)
+        if log_status:
+            self._log_status(recent, total)
 
     def _scalars(self, recent: float, total: float) -> dict[str, float | None]:
         gs = self.global_stats
@@ -481,4 +487,7 @@ def run_summary(rep: Reporter, status: str, wall: float) -> dict:
         "envs_started_after_s": rep.envs_started_after_s,
         # the env steps of the checkpoint this run resumed from (None: it started from scratch)
         "resumed_from_env_steps": c.resumed_env_steps,
+        # frames (env steps without summaries_use_frameskip) at which --stop_at_return_mean was reached and the run
+        # stopped (None: no target, or not reached)
+        "return_target_reached_at": rep.target_reached_frames,
     }

@@ -222,7 +222,9 @@ class TrainingLoop:
         proposal = Proposal(
             stop=self.stop_reason is not None,
             failed=failed,
-            summary_due=is_main and now - self.last_summary >= self.cfg.experiment_summaries_interval,
+            # --deterministic: every iteration, so that the curves (and a --stop_at_return_mean stop) fall on the
+            # same iterations on every run; the status line keeps its interval (_pass)
+            summary_due=is_main and (self.cfg.deterministic or self._interval_passed(now)),
             save_due=is_main and now - self.last_save >= self.cfg.save_every_sec,
             # with no batch, the replica enters the agreement for this
             time_spent=time_spent,
@@ -274,9 +276,25 @@ class TrainingLoop:
     def _check_replicas(self) -> None:
         check_replicas(self.learners, self.world)
 
-    def _summaries(self) -> None:
-        """Collective: the reporter's summaries; then rank 0 writes each policy's best checkpoint if beaten."""
-        self.reporter.summaries()
+    def _interval_passed(self, now: float) -> bool:
+        return now - self.last_summary >= self.cfg.experiment_summaries_interval
+
+    def _target_reached(self) -> bool:
+        """``--stop_at_return_mean`` reached by some policy at the last summary. The same on every replica: the
+        means come from the summary's all-gather (so every replica stops after the same iteration)."""
+        target = self.cfg.stop_at_return_mean
+        if target is None:
+            return False
+        means = [self.reporter.return_mean(p) for p in range(len(self.learners))]
+        if not any(m is not None and m >= target for m in means):
+            return False
+        self.reporter.target_reached_frames = self.reporter.summary_frames
+        return True
+
+    def _summaries(self, log_status: bool = True) -> None:
+        """Collective: the reporter's summaries (``log_status``: and rank 0's status line); then rank 0 writes each
+        policy's best checkpoint if beaten."""
+        self.reporter.summaries(log_status)
         if self.rank.is_main:
             for p in range(len(self.learners)):
                 self.checkpoints.save_best(p, self.reporter.return_mean(p), self.frames)
@@ -319,8 +337,10 @@ class TrainingLoop:
         if d.failed:
             raise failure or PeerFailed("another replica failed (see its log lines)")
         if d.summary_due:
-            self.last_summary = now
-            self._summaries()
+            log_status = self._interval_passed(now)
+            if log_status:
+                self.last_summary = now
+            self._summaries(log_status)
         if d.save_due:
             self.last_save = now
             self.save()
@@ -333,7 +353,7 @@ class TrainingLoop:
         self._train_agreed(d, batches)
         self.iteration += 1
         self.progress.iteration = self.iteration
-        if self.frames >= self.cfg.train_for_env_steps or d.time_spent:
+        if self.frames >= self.cfg.train_for_env_steps or d.time_spent or self._target_reached():
             self.request_stop("done")
             return True
         if self.pbt.due(self.frames):
