@@ -7,6 +7,7 @@
 #   2. atari_pong with --device=gpu on all cores (Sample Factory's Atari arguments, more workers and a
 #      larger batch), towards 10M frames until the deadline: the status lines give FPS and the curve.
 #   3. the same command with --device=cpu for 60 s: the GPU's share of the speed on the same machine.
+#   (1b. between 1 and 2: Learner.train's env steps/s on cuda, benchmarks/scaling_model.py's --gpu_learner_sps.)
 #
 # Where gymnasium/ale-py are missing, wheels in .whl/ are installed to /tmp/site first.
 # DEADLINE_S (default 540) bounds the whole script; each stage is cut so that the next one fits.
@@ -26,6 +27,15 @@ export PYTHONPATH=$PWD/src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 
 echo "== 1. pytest tests/gpu ($(left) s left)"
 timeout -s INT 240 python3 -m pytest tests/gpu -v -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.txt" | tail -25
+
+echo "== 1b. the scaling model's GPU input: Learner.train env steps/s on cuda ($(left) s left)"
+timeout 120 python3 -c "
+import sys; sys.path.insert(0, 'benchmarks')
+import families, scaling_model as m
+for name in ('atari_pong', 'doom_basic'):
+    flags = [f for f in families.WORKLOADS[name] if not f.startswith('--device')]
+    print(name, 'learner env steps/s on cuda:', round(1.0 / m.learner_seconds_per_step(flags, 'cuda', 10.0)))
+" 2>&1 | tee "$OUT/learner_cuda.txt" | tail -3
 
 PONG=$(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import families; print(' '.join(families.WORKLOADS['atari_pong']))")
 W=$(( $(nproc) - 4 )); [ $W -lt 2 ] && W=2

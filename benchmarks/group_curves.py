@@ -29,7 +29,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -71,11 +70,8 @@ def run(name: str, workload: str, frames: int, out: str) -> None:
         "--with_progress_bar=False",
     ]
     print(" ".join(cmd), flush=True)
-    t0 = time.time()
     with open(os.path.join(out, f"{name}.out"), "w") as log:
         subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=False)
-    with open(os.path.join(out, f"{name}.wall"), "w") as f:
-        f.write(f"{time.time() - t0:.1f}\n")
 
 
 def curve(out: str, name: str) -> dict:
@@ -88,8 +84,8 @@ def curve(out: str, name: str) -> dict:
     ret = acc.Scalars("episode/return_mean") if "episode/return_mean" in tags else []
     lag = acc.Scalars("policy_lag/mean") if "policy_lag/mean" in tags else []
     at = {m: min(ret, key=lambda e: abs(e.step - m)).value if ret else None for m in MARKS}
-    wall_file = os.path.join(out, f"{name}.wall")
-    wall = float(open(wall_file).read()) if os.path.exists(wall_file) else None
+    summary = os.path.join(out, name, "summary.json")
+    wall = json.load(open(summary))["wall_seconds"] if os.path.exists(summary) else None
     frames = acc.Scalars("perf/fps")[-1].step if "perf/fps" in tags else 0
     return {
         "at": at,

@@ -1,8 +1,7 @@
 """Two device groups at half the batch learn what one group learns: the env steps CartPole-v1 needs to a mean
-return of 475, over 5 seeds, with one group x 512 and two groups x 256 (the same global batch), asynchronous
-(the default). With --deterministic=True the two runs are the same run up to the all-reduce's rounding
-(tests/integration/test_deterministic.py); its 5-seed study is in benchmarks/group_scaling.py (slower, and
-longer than the slow suite's budget allows)."""
+return of 475, over 5 seeds, with one group x 512 and two groups x 256 (the same global batch), asynchronous (the
+default) and with --deterministic=True. Every run stops at 475 (--stop_at_return_mean), so a run costs the steps it
+measures and no more."""
 
 from __future__ import annotations
 
@@ -25,6 +24,8 @@ ONE, TWO = ["--batch_size=512"], ["--batch_size=256", "--nproc_per_node=2"]  # t
 
 
 def _run(train_dir, name: str, seed: int, extra: list[str]) -> tuple[float, dict]:
+    """One run to a mean return of 475 (it stops there: --stop_at_return_mean) or the budget; (its env steps to
+    475 or inf, its summary)."""
     r = run_msf(
         [
             "--env=CartPole-v1",
@@ -33,15 +34,17 @@ def _run(train_dir, name: str, seed: int, extra: list[str]) -> tuple[float, dict
             f"--seed={seed}",
             f"--train_for_env_steps={BUDGET}",
             "--experiment_summaries_interval=1",
+            "--stop_at_return_mean=475",
             *FLAGS,
             *extra,
         ],
-        timeout=240 + SLACK_S,
+        timeout=600 + SLACK_S,  # a deterministic run takes ~1 min on a quiet 2-core machine
     )
     assert r.returncode == 0, r.stderr[-3000:]
     s = read_summary(train_dir, name)
     assert s["status"] == "done"
-    step = first_step_reaching(train_dir / name, 475.0)
+    step = s["return_target_reached_at"]
+    assert step == first_step_reaching(train_dir / name, 475.0)  # the first summary at 475 stopped the run
     return (math.inf if step is None else float(step)), s
 
 
@@ -53,20 +56,36 @@ def test_two_groups_at_half_the_batch_need_no_more_samples_than_one_group(train_
     5 seeds' medians vary by several percent (per-seed steps of 2 groups: 82k to 106k); the margin is for both.
     Before the episode window was the job's (each rank gave its whole --stats_avg), the same comparison measured
     about 30% above (benchmarks/README.md)."""
-    one, two, finals_one, finals_two = [], [], [], []
+    one, two = [], []
     for seed in SEEDS:  # interleaved: the machine's drift falls on both alike
-        steps, s = _run(train_dir, f"one_s{seed}", seed, ONE)
-        one.append(steps)
-        finals_one.append(s["episode_return_mean"])
+        one.append(_run(train_dir, f"one_s{seed}", seed, ONE)[0])
         steps, s = _run(train_dir, f"two_s{seed}", seed, TWO)
         two.append(steps)
-        finals_two.append(s["episode_return_mean"])
         _check_two_group_run(train_dir / f"two_s{seed}", s)
     m1, m2 = statistics.median(one), statistics.median(two)
-    assert m1 < math.inf, (one, two)
+    # both learn CartPole within the budget (most seeds reach 475), and 2 groups need at most 20% more steps
+    assert m1 < math.inf and m2 < math.inf, (one, two)
     assert m2 <= 1.20 * m1, (one, two)
-    # both learn CartPole within the budget: a median of 450 at the end
-    assert statistics.median(finals_one) >= 450 and statistics.median(finals_two) >= 450, (finals_one, finals_two)
+
+
+@pytest.mark.slow
+def test_deterministic_two_groups_at_half_the_batch_reach_475_within_10_percent_of_one_group(train_dir):
+    """--deterministic=True, the same 32 envs with the same seeds as 1 group x 512 or 2 groups x 256, 5 seeds: the
+    medians of the env steps to a mean return of 475 differ by less than 10%. Each run is the same on every
+    repetition (its curve is written every iteration, and it stops at the first iteration at 475), so this test
+    gives the same figures on every run on the same software; the 1- and 2-group runs of a seed agree to the
+    all-reduce's rounding at first (test_deterministic.py, 19 iterations) and drift apart over hundreds of
+    iterations, so their per-seed steps differ, and the issue's bound is on the medians."""
+    one, two = [], []
+    for seed in SEEDS:
+        one.append(_run(train_dir, f"det_one_s{seed}", seed, [*ONE, "--deterministic=True"])[0])
+        steps, s = _run(train_dir, f"det_two_s{seed}", seed, [*TWO, "--deterministic=True"])
+        two.append(steps)
+        assert s["world_size"] == 2 and s["policy_lag_max_run"] == 0.0
+    m1, m2 = statistics.median(one), statistics.median(two)
+    print(f"deterministic, env steps to 475: 1x512 {one} (median {m1}), 2x256 {two} (median {m2})")
+    assert m1 < math.inf and m2 < math.inf, (one, two)
+    assert abs(m2 - m1) < 0.10 * m1, (one, two)
 
 
 def _check_two_group_run(exp, s: dict) -> None:

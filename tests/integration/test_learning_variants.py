@@ -70,11 +70,12 @@ def test_cartpole_learns_with_vtrace(train_dir):
             "--seed=0",
             "--with_vtrace=True",
             "--train_for_env_steps=300000",
+            "--stop_at_return_mean=450",
             *SMALL_ENV_FLAGS,
         ],
         timeout=240,
     )
     assert r.returncode == 0, r.stderr[-3000:]
     s = read_summary(train_dir, "vt")
-    assert s["episode_return_mean"] >= 450, s
+    assert s["episode_return_mean"] >= 450 and s["return_target_reached_at"] == s["env_steps"] <= 300_000, s
     assert math.isfinite(s["fps"])

@@ -151,7 +151,9 @@ def _listeners(port: int) -> list[str]:
 @pytest.mark.slow
 def test_two_nodes_with_a_host_list_reach_450_and_the_rendezvous_listens_on_its_address(train_dir):
     port = free_port()
-    args = ["--env=CartPole-v1", "--seed=0", "--train_for_env_steps=300000", *TWO_NODE_FLAGS]
+    # --stop_at_return_mean: "reaches 450 within 300k steps" ends where it is shown
+    args = ["--env=CartPole-v1", "--seed=0", "--train_for_env_steps=300000", "--stop_at_return_mean=450"]
+    args += TWO_NODE_FLAGS
     n0 = start(node_args(train_dir, 0, "hl", port, args))
     n1 = start(node_args(train_dir, 1, "hl", port, args))
     wait_until_training(train_dir / "node0" / "hl")
@@ -161,7 +163,7 @@ def test_two_nodes_with_a_host_list_reach_450_and_the_rendezvous_listens_on_its_
     assert listening == ["127.0.0.1:" + str(port)], listening  # not 0.0.0.0 or [::]
     s = read_summary(train_dir / "node0", "hl")
     assert (s["world_size"], s["nnodes"], s["nproc_per_node"]) == (2, 2, 1)
-    assert s["episode_return_mean"] >= 450, s
+    assert s["episode_return_mean"] >= 450 and s["return_target_reached_at"] == s["env_steps"] <= 300_000, s
     assert not (train_dir / "node1" / "hl" / "summary.json").exists()  # one writer: rank 0
     assert "[rank 1]" in (train_dir / "node1" / "hl" / "log.txt").read_text()
     assert "rank 0 (node 0, 127.0.0.1) holds the checkpoints" in o1
@@ -180,6 +182,7 @@ def test_two_nodes_with_torchrun_reach_450(train_dir):
             "--env=CartPole-v1",
             "--seed=0",
             "--train_for_env_steps=300000",
+            "--stop_at_return_mean=450",
             *TWO_NODE_FLAGS,
         ]
         procs.append(
@@ -203,7 +206,7 @@ def test_two_nodes_with_torchrun_reach_450(train_dir):
     (path,) = [p for p in summaries if p.exists()]  # torchrun's rendezvous chose rank 0's node
     s = json.loads(path.read_text())
     assert (s["world_size"], s["nnodes"]) == (2, 2)
-    assert s["episode_return_mean"] >= 450, s
+    assert s["episode_return_mean"] >= 450 and s["return_target_reached_at"] == s["env_steps"] <= 300_000, s
 
 
 @pytest.mark.slow

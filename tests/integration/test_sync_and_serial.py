@@ -110,6 +110,7 @@ def test_serial_mode_reaches_450_on_cartpole_within_300k_steps(train_dir):
             "--serial_mode=True",
             *SMALL_ENV_FLAGS,
             "--train_for_env_steps=300000",
+            "--stop_at_return_mean=450",
             "--seed=2",
             "--learner_threads=1",
         ],
@@ -118,7 +119,7 @@ def test_serial_mode_reaches_450_on_cartpole_within_300k_steps(train_dir):
     assert r.returncode == 0, r.stderr[-3000:]
     s = read_summary(train_dir, "serial_cartpole")
     assert s["status"] == "done" and s["serial_mode"] is True
-    assert s["episode_return_mean"] >= 450, s
+    assert s["episode_return_mean"] >= 450 and s["return_target_reached_at"] == s["env_steps"] <= 300_000, s
 
 
 def test_a_failing_env_in_serial_mode_ends_the_run_with_its_traceback(train_dir):

@@ -1,0 +1,426 @@
+"""A scaling model: training FPS and weak-scaling efficiency of 1-64 device groups on machines we do not have.
+
+Inputs, measured in this run on this machine (one workload at a time: CartPole-v1 with Sample Factory's CartPole
+line, or atari_pong / doom_basic with the family arguments of ``families.py``):
+
+* ``train``: core-seconds per env step of a whole msf training run, every process of it (``/proc``, over
+  ``--seconds`` after ``--warmup``), and the share of the machine's cores it kept busy;
+* ``zero``: the same for the sampler with a policy that costs nothing (``pipeline_overhead.py``'s (b)): what is left
+  on the CPU when the policy's arithmetic runs elsewhere (a GPU): the envs and msf's plumbing;
+* ``learner``: seconds of ``Learner.train`` per env step on one thread (``--device cuda`` on a GPU machine);
+* a gloo all-reduce between 2 processes at several message sizes, over loopback and over a veth pair between two
+  network namespaces (the link the node tests build), fitted to ``t(n) = a + n / b`` (a: latency, b: bandwidth).
+
+The model (its assumptions, each a place where a real machine may differ):
+
+1. A device group with ``c`` cores (``cores_per_node / groups_per_node``) does ``c x busy / train`` env steps per
+   second on a CPU-only machine: its core-time per step stays what it is here (no worse for more processes, no
+   better for caches of their own) and its cores are as busy as here.
+2. Its learner must keep up: per env step it spends ``learner`` (on one thread; divided by the speed-up of two
+   threads measured here when the group has 2 cores or more, and no more for more cores: small matrices gain
+   little from more threads) plus ``num_epochs / batch_size`` SGD steps' all-reduce of the gradients (DDP's
+   overlap with the backward pass is ignored: an upper bound on its cost). A group's FPS is the lower of the two
+   bounds.
+3. The all-reduce of ``W`` replicas is a ring: ``2 (W - 1)`` latencies and ``2 (W - 1) / W`` times the gradients'
+   bytes over the bandwidth, over loopback within a node, over the slowest link (the veth pair, or the
+   ``--net_gbps`` / ``--net_latency_us`` given) when the groups span nodes.
+4. With a GPU per group, the CPU does only ``zero`` per step, and the learner's rate is ``--gpu_learner_sps`` (env
+   steps per second of ``Learner.train`` on that GPU; measured with ``--device cuda`` there, never assumed here:
+   without it the GPU table is not printed). Inference on the GPU is assumed not to bind.
+
+Weak-scaling efficiency: FPS of ``W`` groups over ``W`` times one group's with the same cores per group.
+
+The check: the model's prediction for what can be run here (1 group on 2 cores; 2 groups on 1 node; 2 "nodes" of
+one group each in two network namespaces), from the inputs above, against msf-train's measured FPS, in one run.
+
+Usage: python benchmarks/scaling_model.py [--workload cartpole|atari_pong|doom_basic] [--seconds 30] [--warmup 15]
+       [--gpu_learner_sps N] [--net_gbps G --net_latency_us U] [--device cpu|cuda] [--skip_check]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+os.environ["PYTHONPATH"] = HERE + os.pathsep + os.environ.get("PYTHONPATH", "")
+
+from families import WORKLOADS  # noqa: E402
+from throughput import SF_CARTPOLE, process_tree_costs, sampler_fps  # noqa: E402
+
+ZERO = ["--encoder_custom=zero_policy:zero"]
+SIZES = (1 << 12, 1 << 16, 1 << 18, 1 << 20, 1 << 22)  # float32 values per all-reduce
+CORES = (8, 16, 32, 64, 128)
+GROUPS = (1, 2, 4, 8, 16, 32, 64)
+GROUPS_PER_NODE = 8  # GPUs per node, as on the machines our users have
+
+
+@dataclass
+class Link:
+    """A link's all-reduce between 2 processes: ``latency_s + bytes / bytes_per_s``."""
+
+    latency_s: float
+    bytes_per_s: float
+
+    def ring_allreduce_s(self, world: int, nbytes: int) -> float:
+        """Seconds of a ring all-reduce of ``nbytes`` over ``world`` replicas (0 for one)."""
+        if world <= 1:
+            return 0.0
+        # a 2-rank measurement is 2 latencies + the bytes once, so the fitted latency is two of the ring's steps
+        return (world - 1) * self.latency_s + 2 * (world - 1) / world * nbytes / self.bytes_per_s
+
+
+@dataclass
+class Inputs:
+    train_core_s: float  # core-seconds per env step, whole training run
+    busy: float  # share of the cores the training run kept busy
+    zero_core_s: float  # core-seconds per env step, the zero-cost sampler
+    learner_s: float  # seconds of Learner.train per env step, one thread
+    learner_speedup: float  # its speed-up on two threads
+    grad_bytes: int
+    sgd_per_step: float  # SGD steps (all-reduces) per env step: num_epochs / batch_size
+    frames: int  # frames per env step
+    loopback: Link
+    network: Link
+
+
+def fit_link(sizes_bytes: list[int], seconds: list[float]) -> Link:
+    """``t = a + n / b`` through the smallest and the largest message (the small one's time is the latency;
+    a least-squares line over sizes that span three decades is set by the large ones alone)."""
+    (n0, t0), (n1, t1) = min(zip(sizes_bytes, seconds)), max(zip(sizes_bytes, seconds))
+    b = (n1 - n0) / max(t1 - t0, 1e-12)
+    return Link(max(t0 - n0 / b, 0.0), b)
+
+
+def predict_cpu(i: Inputs, cores_per_node: int, world: int, groups_per_node: int) -> float:
+    """Training frames/s of ``world`` device groups, ``groups_per_node`` per node of ``cores_per_node`` cores."""
+    c = cores_per_node / groups_per_node
+    link = i.loopback if world <= groups_per_node else i.network
+    ar = i.sgd_per_step * link.ring_allreduce_s(world, i.grad_bytes)
+    learner = i.learner_s / (i.learner_speedup if c >= 2 else 1.0)
+    per_group = min(c * i.busy / i.train_core_s, 1.0 / (learner + ar))
+    return world * per_group * i.frames
+
+
+def predict_gpu(i: Inputs, cores_per_node: int, world: int, groups_per_node: int, gpu_sps: float) -> float:
+    """The same with a GPU per group: the CPU does the sampler's work; the learner runs at ``gpu_sps``."""
+    c = cores_per_node / groups_per_node
+    link = i.loopback if world <= groups_per_node else i.network
+    ar = i.sgd_per_step * link.ring_allreduce_s(world, i.grad_bytes)
+    per_group = min(c * i.busy / i.zero_core_s, 1.0 / (1.0 / gpu_sps + ar))
+    return world * per_group * i.frames
+
+
+# --- measuring -----------------------------------------------------------------------------------------------
+
+
+def workload_flags(name: str) -> tuple[list[str], int]:
+    if name == "cartpole":
+        return list(SF_CARTPOLE), 1
+    return [*WORKLOADS[name], "--device=cpu"], 4
+
+
+def _tb_steps(tb_dir: str) -> list[tuple[float, int]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(tb_dir, size_guidance={"scalars": 0})
+    acc.Reload()
+    return [(e.wall_time, e.step) for e in acc.Scalars("perf/fps")]
+
+
+def _steps_at(points: list[tuple[float, int]], t: float) -> float:
+    """The run's step count at wall time ``t``, interpolated between its summaries."""
+    for (t0, s0), (t1, s1) in zip(points, points[1:]):
+        if t0 <= t <= t1:
+            return s0 + (s1 - s0) * (t - t0) / max(t1 - t0, 1e-9)
+    raise ValueError(f"wall time {t} outside the run's summaries")
+
+
+def train_costs(flags: list[str], seconds: float, warmup: float, frames: int) -> tuple[float, float, float]:
+    """(core-seconds per env step of the whole training run, share of the machine's cores busy, env steps/s)
+    over ``seconds`` after ``warmup``."""
+    exe = os.path.join(os.path.dirname(sys.executable), "msf-train")
+    with tempfile.TemporaryDirectory() as td:
+        cmd = [
+            exe,
+            *flags,
+            "--experiment=cost",
+            f"--train_dir={td}",
+            f"--train_for_seconds={int(warmup + seconds + 10)}",
+            "--experiment_summaries_interval=1",
+            "--with_progress_bar=False",
+        ]
+        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(warmup)
+        t0, c0 = time.time(), process_tree_costs(p.pid, {})
+        time.sleep(seconds)
+        t1, c1 = time.time(), process_tree_costs(p.pid, {})
+        p.wait(timeout=300)
+        points = _tb_steps(os.path.join(td, "cost", "tensorboard"))
+    steps = (_steps_at(points, t1) - _steps_at(points, t0)) / frames
+    cpu = sum(v[1] for v in c1.values()) - sum(c0.get(pid, (None, 0.0))[1] for pid in c1)
+    cores = len(os.sched_getaffinity(0))
+    return cpu / steps, cpu / ((t1 - t0) * cores), steps / (t1 - t0)
+
+
+def zero_core_s(flags: list[str], seconds: float, warmup: float) -> float:
+    costs: dict = {}
+    sampler_fps(flags + ZERO, seconds, warmup, breakdown=costs)
+    return costs["all"][0] * 1e-6
+
+
+def learner_seconds_per_step(flags: list[str], device: str, seconds: float = 10.0, threads: int = 1) -> float:
+    """Seconds of ``Learner.train`` per env step (one iteration of random data, ``threads`` torch threads)."""
+    import torch
+    from throughput import _random_batch
+
+    from msf.cfg.arguments import parse_args
+    from msf.cfg.config import Derived
+    from msf.envs.families import apply_family_defaults
+    from msf.envs.registry import env_config_of, env_spaces
+    from msf.learning.learner import Learner
+
+    cfg, given = parse_args(flags)
+    cfg = apply_family_defaults(cfg, given)
+    derived, spaces = Derived.of(cfg), env_spaces(cfg.env, env_config_of(cfg))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        learner = Learner(cfg, derived, spaces, device)
+        batch = _random_batch(cfg, derived, spaces)
+        B, T = batch["rewards"].shape
+        learner.train({k: v.clone() for k, v in batch.items()})
+        sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+        sync()
+        k, t = 0, time.perf_counter()
+        while time.perf_counter() - t < seconds or k < 2:
+            learner.train({k_: v.clone() for k_, v in batch.items()})
+            k += 1
+        sync()
+        return (time.perf_counter() - t) / (k * B * T)
+    finally:
+        torch.set_num_threads(before)
+
+
+def grad_bytes_and_sgd_rate(flags: list[str]) -> tuple[int, float]:
+    from msf.cfg.arguments import parse_args
+    from msf.envs.families import apply_family_defaults
+    from msf.envs.registry import env_config_of, env_spaces
+    from msf.model.actor_critic import ActorCritic
+
+    cfg, given = parse_args(flags)
+    cfg = apply_family_defaults(cfg, given)
+    model = ActorCritic(cfg, env_spaces(cfg.env, env_config_of(cfg)))
+    numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return 4 * numel, cfg.num_epochs / cfg.batch_size
+
+
+def _allreduce_rank(rank: int, addr: str, port: int, sizes: list[int], reps: int) -> None:
+    """One rank of the all-reduce measurement (run in a network namespace); prints JSON seconds per size."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=rank, world_size=2)
+    out = {}
+    for numel in sizes:
+        t = torch.zeros(numel)
+        for _ in range(3):
+            dist.all_reduce(t)
+        times = []
+        for _ in range(reps):
+            dist.barrier()
+            t0 = time.perf_counter()
+            dist.all_reduce(t)
+            times.append(time.perf_counter() - t0)
+        out[numel] = statistics.median(times)
+    dist.destroy_process_group()
+    print(json.dumps(out), flush=True)
+
+
+def _netns(tag: str) -> tuple[list[str], list[str], list[str]]:
+    ns, veth, addrs = [f"msfsm{tag}a", f"msfsm{tag}b"], [f"msv{tag}a", f"msv{tag}b"], ["10.231.9.1", "10.231.9.2"]
+
+    def ip(*a: str) -> None:
+        subprocess.run(["ip", *a], check=True, capture_output=True)
+
+    for n in ns:
+        ip("netns", "add", n)
+    ip("link", "add", veth[0], "type", "veth", "peer", "name", veth[1])
+    for n, v, a in zip(ns, veth, addrs):
+        ip("link", "set", v, "netns", n)
+        ip("-n", n, "addr", "add", f"{a}/24", "dev", v)
+        ip("-n", n, "link", "set", v, "up")
+        ip("-n", n, "link", "set", "lo", "up")
+    return ns, veth, addrs
+
+
+def _drop_netns(ns: list[str]) -> None:
+    for n in ns:
+        subprocess.run(["ip", "netns", "del", n], capture_output=True)
+
+
+def allreduce_curve(netns: bool, reps: int = 30) -> dict[int, float]:
+    """Seconds of one 2-rank gloo all-reduce per size in ``SIZES`` (float32 values): over loopback, or over a
+    veth pair between two network namespaces (needs root)."""
+    tag = str(os.getpid() % 10000)
+    ns: list[str] = []
+    port = 29600 + os.getpid() % 300
+    try:
+        if netns:
+            ns, veth, addrs = _netns(tag)
+        procs = []
+        for r in range(2):
+            prefix = ["ip", "netns", "exec", ns[r]] if netns else []
+            env = {**os.environ, **({"GLOO_SOCKET_IFNAME": veth[r]} if netns else {})}
+            cmd = [sys.executable, __file__, "--_allreduce_rank", str(r), "--_addr", addrs[0] if netns else "127.0.0.1"]
+            cmd += ["--_port", str(port), "--_reps", str(reps)]
+            procs.append(subprocess.Popen(prefix + cmd, stdout=subprocess.PIPE, text=True, env=env))
+        outs = [json.loads(p.communicate(timeout=600)[0].strip().splitlines()[-1]) for p in procs]
+    finally:
+        _drop_netns(ns)
+    return {int(k): max(o[k] for o in outs) for k in outs[0]}
+
+
+def nodes_train_fps(flags: list[str], seconds: float, warmup: float, frames: int) -> float:
+    """Env steps/s of 2 "nodes" of one device group each, in two network namespaces over a veth pair (rank 0's
+    summaries, over ``seconds`` after ``warmup``)."""
+    tag = str(os.getpid() % 10000)
+    ns, veth, addrs = _netns(tag)
+    port = 29900 + os.getpid() % 90
+    try:
+        with tempfile.TemporaryDirectory() as td:
+            procs = []
+            for node in range(2):
+                cmd = ["ip", "netns", "exec", ns[node], sys.executable, "-m", "msf.train", *flags]
+                cmd += ["--experiment=nodes", f"--train_dir={td}/node{node}", "--nnodes=2", f"--node_rank={node}"]
+                cmd += [f"--hosts={addrs[0]},{addrs[1]}", f"--master_port={port}", "--with_progress_bar=False"]
+                cmd += [f"--train_for_seconds={int(warmup + seconds + 10)}", "--experiment_summaries_interval=1"]
+                env = {**os.environ, "GLOO_SOCKET_IFNAME": veth[node]}
+                procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env))
+            t_start = time.time()
+            for p in procs:
+                p.wait(timeout=warmup + seconds + 300)
+            points = _tb_steps(os.path.join(td, "node0", "nodes", "tensorboard"))
+    finally:
+        _drop_netns(ns)
+    pts = [(t, s) for t, s in points if t >= t_start + warmup]
+    return (pts[-1][1] - pts[0][1]) / frames / (pts[-1][0] - pts[0][0])
+
+
+# --- printing -----------------------------------------------------------------------------------------------
+
+
+def _table(title: str, fps_of) -> None:
+    """``fps_of(cores_per_group, world, groups_per_node, cores_per_node)``: predicted frames/s."""
+    print(f"\n{title}")
+    print("| device groups (nodes) | " + " | ".join(f"{c} cores per node" for c in CORES) + " |")
+    print("|---|" + "---|" * len(CORES))
+    for w in GROUPS:
+        g = min(w, GROUPS_PER_NODE)
+        cells = []
+        for c in CORES:
+            fps = fps_of(c, w, g)
+            base = w * fps_of(c / g, 1, 1)  # one group with the same cores, alone
+            cells.append(f"{fps:,.0f} ({fps / base:.2f})")
+        print(f"| {w} ({max(w // g, 1)}) | " + " | ".join(cells) + " |")
+
+
+def print_tables(i: Inputs, gpu_sps: float | None) -> None:
+    _table(
+        f"CPU-only nodes, {GROUPS_PER_NODE} groups per node at most: predicted training frames/s "
+        "(weak-scaling efficiency)",
+        lambda c, w, g: predict_cpu(i, c, w, g),
+    )
+    if gpu_sps is None:
+        print("\n(no GPU table: --gpu_learner_sps was not given; measure it with --device cuda on a GPU machine)")
+        return
+    _table(
+        f"A GPU per device group (its learner {gpu_sps:,.0f} env steps/s), {GROUPS_PER_NODE} per node at most: "
+        "predicted frames/s (weak-scaling efficiency)",
+        lambda c, w, g: predict_gpu(i, c, w, g, gpu_sps),
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workload", default="cartpole", choices=["cartpole", *sorted(WORKLOADS)])
+    ap.add_argument("--seconds", type=float, default=30.0)
+    ap.add_argument("--warmup", type=float, default=15.0)
+    ap.add_argument("--device", default="cpu", help="where the learner's rate is measured (cuda on a GPU machine)")
+    ap.add_argument("--gpu_learner_sps", type=float, default=None, help="env steps/s of one GPU's learner")
+    ap.add_argument("--net_gbps", type=float, default=None, help="model the network as this many Gbit/s ...")
+    ap.add_argument("--net_latency_us", type=float, default=None, help="... with this latency (default: the veth)")
+    ap.add_argument("--skip_check", action="store_true", help="no msf-train runs of 2 groups and 2 nodes")
+    ap.add_argument("--_allreduce_rank", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--_addr", default="127.0.0.1", help=argparse.SUPPRESS)
+    ap.add_argument("--_port", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--_reps", type=int, default=30, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a._allreduce_rank is not None:
+        _allreduce_rank(a._allreduce_rank, a._addr, a._port, list(SIZES), a._reps)
+        return
+
+    flags, frames = workload_flags(a.workload)
+    print("flags:", " ".join(flags), flush=True)
+    grad_bytes, sgd_rate = grad_bytes_and_sgd_rate(flags)
+    curves = {"loopback": allreduce_curve(False)}
+    try:
+        curves["veth"] = allreduce_curve(True)
+    except (subprocess.CalledProcessError, FileNotFoundError) as e:
+        print(f"veth pair between network namespaces not available ({e}); the network is modelled as loopback")
+    links = {k: fit_link([4 * n for n in v], list(v.values())) for k, v in curves.items()}
+    print("\n2-rank gloo all-reduce, median seconds per size (float32 values):")
+    print(
+        "| link | " + " | ".join(f"{n * 4 / 1024:,.0f} KiB" for n in SIZES) + " | fitted latency | fitted bandwidth |"
+    )
+    print("|---|" + "---|" * (len(SIZES) + 2))
+    for k, v in curves.items():
+        cells = " | ".join(f"{v[n] * 1e3:.3f} ms" for n in SIZES)
+        print(f"| {k} | {cells} | {links[k].latency_s * 1e6:.0f} us | {links[k].bytes_per_s / 1e9:.2f} GB/s |")
+    network = links.get("veth", links["loopback"])
+    if a.net_gbps is not None:
+        network = Link((a.net_latency_us or 20.0) * 2e-6, a.net_gbps * 1e9 / 8)
+
+    train_s, busy, fps1 = train_costs(flags, a.seconds, a.warmup, frames)
+    zero_s = zero_core_s(flags, a.seconds, a.warmup)
+    learner_s = learner_seconds_per_step(flags, a.device)
+    speedup = learner_s / learner_seconds_per_step(flags, a.device, threads=2) if a.device == "cpu" else 1.0
+    i = Inputs(train_s, busy, zero_s, learner_s, speedup, grad_bytes, sgd_rate, frames, links["loopback"], network)
+    print("\nInputs (per env step):")
+    print(f"  whole training run: {train_s * 1e6:,.1f} core-us, cores busy {busy:.2f} (measured {fps1:,.0f} steps/s)")
+    print(f"  zero-cost sampler: {zero_s * 1e6:,.1f} core-us")
+    print(f"  learner ({a.device}, one thread): {learner_s * 1e6:,.1f} us, {speedup:.2f}x on two threads")
+    print(f"  {sgd_rate:.5f} SGD steps (all-reduces) per env step")
+    print(f"  gradients: {grad_bytes / 2**20:.2f} MiB per all-reduce")
+    if a.device.startswith("cuda") and a.gpu_learner_sps is None:
+        a.gpu_learner_sps = 1.0 / learner_s
+    print_tables(i, a.gpu_learner_sps)
+
+    if a.skip_check:
+        return
+    cores = len(os.sched_getaffinity(0))
+    print("\nThe check on this machine (frames/s): predicted from the inputs against msf-train measured")
+    print("| run | predicted | measured | measured / predicted |")
+    print("|---|---|---|---|")
+    rows = [("1 group", predict_cpu(i, cores, 1, 1), fps1 * frames)]
+    # 2 groups share the job's workers (one each) at the same per-group batch: weak scaling
+    two = [f for f in flags if not f.startswith("--policy_workers_per_policy")] + ["--policy_workers_per_policy=1"]
+    _, _, fps2 = train_costs([*two, "--nproc_per_node=2"], a.seconds, a.warmup, frames)
+    rows.append(("2 groups, 1 node", predict_cpu(i, cores, 2, 2), fps2 * frames))
+    if "veth" in links:  # two "nodes" on this machine's cores: half of them each
+        fpsn = nodes_train_fps(two, a.seconds, a.warmup, frames)
+        rows.append(("2 nodes of 1 group (veth)", predict_cpu(i, cores / 2, 2, 1), fpsn * frames))
+    for name, pred, meas in rows:
+        print(f"| {name} | {pred:,.0f} | {meas:,.0f} | {meas / pred:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
