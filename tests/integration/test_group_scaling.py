@@ -69,6 +69,7 @@ def test_two_groups_at_half_the_batch_need_no_more_samples_than_one_group(train_
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)  # 10 runs of ~1 min each on a quiet 2-core machine; several times that on a busy one
 def test_deterministic_two_groups_at_half_the_batch_reach_475_within_10_percent_of_one_group(train_dir):
     """--deterministic=True, the same 32 envs with the same seeds as 1 group x 512 or 2 groups x 256, 5 seeds: the
     medians of the env steps to a mean return of 475 differ by less than 10%. Each run is the same on every
