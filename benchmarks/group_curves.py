@@ -83,7 +83,11 @@ def curve(out: str, name: str) -> dict:
     tags = acc.Tags()["scalars"]
     ret = acc.Scalars("episode/return_mean") if "episode/return_mean" in tags else []
     lag = acc.Scalars("policy_lag/mean") if "policy_lag/mean" in tags else []
-    at = {m: min(ret, key=lambda e: abs(e.step - m)).value if ret else None for m in MARKS}
+    # the point nearest each mark, where the run got that far (within one 10-s summary of it)
+    at = {
+        m: (min(ret, key=lambda e: abs(e.step - m)).value if ret and ret[-1].step >= m - 20_000 else None)
+        for m in MARKS
+    }
     summary = os.path.join(out, name, "summary.json")
     wall = json.load(open(summary))["wall_seconds"] if os.path.exists(summary) else None
     frames = acc.Scalars("perf/fps")[-1].step if "perf/fps" in tags else 0

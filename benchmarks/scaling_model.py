@@ -165,7 +165,12 @@ def train_costs(flags: list[str], seconds: float, warmup: float, frames: int) ->
         t1, c1 = time.time(), process_tree_costs(p.pid, {})
         p.wait(timeout=300)
         points = _tb_steps(os.path.join(td, "cost", "tensorboard"))
-    steps = (_steps_at(points, t1) - _steps_at(points, t0)) / frames
+    inside = [(t, n) for t, n in points if t0 <= t <= t1]
+    if len(inside) >= 2 and (points[0][0] > t0 or points[-1][0] < t1):  # a slow start: the summaries in the window
+        rate = (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
+        steps = rate * (t1 - t0) / frames
+    else:
+        steps = (_steps_at(points, t1) - _steps_at(points, t0)) / frames
     cpu = sum(v[1] for v in c1.values()) - sum(c0.get(pid, (None, 0.0))[1] for pid in c1)
     cores = len(os.sched_getaffinity(0))
     return cpu / steps, cpu / ((t1 - t0) * cores), steps / (t1 - t0)
@@ -413,7 +418,7 @@ def main() -> None:
     rows = [("1 group", predict_cpu(i, cores, 1, 1), fps1 * frames)]
     # 2 groups share the job's workers (one each) at the same per-group batch: weak scaling
     two = [f for f in flags if not f.startswith("--policy_workers_per_policy")] + ["--policy_workers_per_policy=1"]
-    _, _, fps2 = train_costs([*two, "--nproc_per_node=2"], a.seconds, a.warmup, frames)
+    _, _, fps2 = train_costs([*two, "--nproc_per_node=2"], a.seconds, a.warmup + 10, frames)
     rows.append(("2 groups, 1 node", predict_cpu(i, cores, 2, 2), fps2 * frames))
     if "veth" in links:  # two "nodes" on this machine's cores: half of them each
         fpsn = nodes_train_fps(two, a.seconds, a.warmup, frames)
