@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -54,7 +53,7 @@ sys.path.insert(0, HERE)
 os.environ["PYTHONPATH"] = HERE + os.pathsep + os.environ.get("PYTHONPATH", "")
 
 from families import WORKLOADS  # noqa: E402
-from throughput import SF_CARTPOLE, process_tree_costs, sampler_fps  # noqa: E402
+from throughput import SF_CARTPOLE, allreduce_median_s, process_tree_costs, sampler_fps  # noqa: E402
 
 ZERO = ["--encoder_custom=zero_policy:zero"]
 SIZES = (1 << 12, 1 << 16, 1 << 18, 1 << 20, 1 << 22)  # float32 values per all-reduce
@@ -230,22 +229,10 @@ def grad_bytes_and_sgd_rate(flags: list[str]) -> tuple[int, float]:
 
 def _allreduce_rank(rank: int, addr: str, port: int, sizes: list[int], reps: int) -> None:
     """One rank of the all-reduce measurement (run in a network namespace); prints JSON seconds per size."""
-    import torch
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=rank, world_size=2)
-    out = {}
-    for numel in sizes:
-        t = torch.zeros(numel)
-        for _ in range(3):
-            dist.all_reduce(t)
-        times = []
-        for _ in range(reps):
-            dist.barrier()
-            t0 = time.perf_counter()
-            dist.all_reduce(t)
-            times.append(time.perf_counter() - t0)
-        out[numel] = statistics.median(times)
+    out = {numel: allreduce_median_s(numel, reps, warmup=3) for numel in sizes}
     dist.destroy_process_group()
     print(json.dumps(out), flush=True)
 

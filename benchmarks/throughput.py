@@ -452,13 +452,14 @@ def msf_train_fps(flags: list[str], seconds: float, warmup: float) -> tuple[floa
         return rate, int(acc.Scalars("perf/fps")[-1].step)
 
 
-def _allreduce_proc(rank: int, world: int, port: int, numel: int, reps: int, out: dict) -> None:
+def allreduce_median_s(numel: int, reps: int, warmup: int = 5) -> float:
+    """Median seconds of one all-reduce of ``numel`` float32 zeros in the initialised default process group
+    (each timed after a barrier, after ``warmup`` untimed ones). Collective: every rank calls it alike."""
     import torch
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     t = torch.zeros(numel)
-    for _ in range(5):
+    for _ in range(warmup):
         dist.all_reduce(t)
     times = []
     for _ in range(reps):
@@ -466,7 +467,14 @@ def _allreduce_proc(rank: int, world: int, port: int, numel: int, reps: int, out
         t0 = time.perf_counter()
         dist.all_reduce(t)
         times.append(time.perf_counter() - t0)
-    out[rank] = statistics.median(times)
+    return statistics.median(times)
+
+
+def _allreduce_proc(rank: int, world: int, port: int, numel: int, reps: int, out: dict) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    out[rank] = allreduce_median_s(numel, reps)
     dist.destroy_process_group()
 
 
