@@ -48,6 +48,39 @@ def run_msf(args: list[str], timeout: float, **kw) -> subprocess.CompletedProces
     )
 
 
+def run_msf_together(arg_lists: list[list[str]], timeout: float) -> list[subprocess.CompletedProcess]:
+    """Run several ``python -m msf.train ARGS`` at once, for runs whose results do not depend on the machine's
+    load (``--deterministic=True``): they share the cores, and one's start-up overlaps another's training.
+    Returns each run's completed process (text stdout and stderr), in the order given. A run still going after
+    ``timeout`` seconds (from the start of all) fails the test: every run is killed and
+    ``subprocess.TimeoutExpired`` is raised."""
+    import tempfile
+    import time
+
+    procs, outs = [], []
+    try:
+        for args in arg_lists:
+            out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+            outs.append((out, err))
+            cmd = [sys.executable, "-m", "msf.train", "--device=cpu", "--with_progress_bar=False", *args]
+            procs.append(subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=msf_env()))
+        deadline = time.monotonic() + timeout
+        for p in procs:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        done = []
+        for p, (out, err) in zip(procs, outs):
+            out.seek(0), err.seek(0)
+            done.append(subprocess.CompletedProcess(p.args, p.returncode, out.read(), err.read()))
+        return done
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for out, err in outs:
+            out.close(), err.close()
+
+
 def popen_msf(args: list[str], **kw) -> subprocess.Popen:
     # status lines every second: wait_until_training sees the first one soon
     return subprocess.Popen(

@@ -8,7 +8,7 @@ import glob
 import pytest
 import torch
 
-from .conftest import SLACK_S, read_summary, run_msf
+from .conftest import SLACK_S, read_summary, run_msf, run_msf_together
 
 CARTPOLE = [
     "--env=CartPole-v1",
@@ -31,20 +31,28 @@ def _curve(train_dir, name: str, tag: str = "episode/return_mean") -> list[tuple
     return [(e.step, e.value) for e in acc.Scalars(tag)] if tag in acc.Tags()["scalars"] else []
 
 
-def _train(train_dir, name: str, args: list[str], steps: int) -> tuple[dict, dict]:
-    r = run_msf(
-        [*args, f"--experiment={name}", f"--train_dir={train_dir}", f"--train_for_env_steps={steps}"],
-        timeout=300 + SLACK_S,
+def _train(train_dir, runs: list[tuple[str, list[str], int]], timeout: float = 300) -> list[tuple[dict, dict]]:
+    """Train each ``(name, args, env_steps)`` of ``runs``, all at once (a deterministic run's result does not
+    depend on the load, so they share the cores); each run's (summary, last checkpoint with its return curve)."""
+    done = run_msf_together(
+        [
+            [*args, f"--experiment={name}", f"--train_dir={train_dir}", f"--train_for_env_steps={steps}"]
+            for name, args, steps in runs
+        ],
+        timeout=timeout * len(runs) + SLACK_S,
     )
-    assert r.returncode == 0, r.stderr[-3000:]
-    s = read_summary(train_dir, name)
-    assert s["status"] == "done" and s["async_rl"] is False and s["policy_lag_max_run"] == 0.0
-    (last,) = sorted(glob.glob(str(train_dir / name / "checkpoint_p0" / "checkpoint_*.pth")))[-1:]
-    ckpt = torch.load(last, weights_only=False)
-    # the curves are written every iteration (not at wall-clock intervals), so that they repeat too: one point per
-    # iteration at its env step count
-    ckpt["return_curve"] = _curve(train_dir, name)
-    return s, ckpt
+    results = []
+    for (name, _, _), r in zip(runs, done):
+        assert r.returncode == 0, (name, r.stderr[-3000:])
+        s = read_summary(train_dir, name)
+        assert s["status"] == "done" and s["async_rl"] is False and s["policy_lag_max_run"] == 0.0
+        (last,) = sorted(glob.glob(str(train_dir / name / "checkpoint_p0" / "checkpoint_*.pth")))[-1:]
+        ckpt = torch.load(last, weights_only=False)
+        # the curves are written every iteration (not at wall-clock intervals), so that they repeat too: one point
+        # per iteration at its env step count
+        ckpt["return_curve"] = _curve(train_dir, name)
+        results.append((s, ckpt))
+    return results
 
 
 def _same_tensors(a: dict, b: dict) -> list[str]:
@@ -72,23 +80,34 @@ def _same_run(sa: dict, sb: dict, ca: dict, cb: dict) -> None:
     assert len(steps) >= 2 and {b - a for a, b in zip(steps, steps[1:])} == {iteration}, steps
 
 
-@pytest.mark.parametrize(
-    "extra",
-    [[], ["--nproc_per_node=2", "--batch_size=64"]],
-    ids=["one-group", "two-groups"],
-)
-def test_the_same_seed_gives_the_same_run(train_dir, extra):
-    """Two runs with one seed: the same steps, episodes and SGD steps, and bit-identical model and optimiser
-    tensors after 40 iterations (5120 env steps); the same command with another seed trains other tensors."""
-    args = [*CARTPOLE, *extra, "--seed=11"]
-    sa, ca = _train(train_dir, "a", args, 5000)
-    sb, cb = _train(train_dir, "b", args, 5000)
+def test_the_same_seed_gives_the_same_run_in_worker_processes_or_in_one_process(train_dir):
+    """Three runs with one seed, one device group, 40 iterations (5,120 env steps) each, at once: twice with worker
+    processes and once with ``--serial_mode=True`` (the same components stepped in one process): the same steps,
+    episodes and SGD steps, and bit-identical model and optimiser tensors. The same command with another seed
+    trains other tensors."""
+    args = [*CARTPOLE, "--seed=11"]
+    (sa, ca), (sb, cb), (ss, cs), (_, cc) = _train(
+        train_dir,
+        [
+            ("a", args, 5000),
+            ("b", args, 5000),
+            ("serial", [*args, "--serial_mode=True"], 5000),
+            ("c", [*CARTPOLE, "--seed=12"], 5000),
+        ],
+    )
+    assert (sa["serial_mode"], ss["serial_mode"]) == (False, True)
     _same_run(sa, sb, ca, cb)
-    if not extra:
-        sc, cc = _train(train_dir, "c", [*CARTPOLE, "--seed=12"], 5000)
-        differ = _same_tensors(ca, cc)
-        weights = [k for k in ca["model"] if k.endswith(".weight")]
-        assert weights and set(weights) <= set(differ), differ
+    _same_run(sa, ss, ca, cs)
+    differ = _same_tensors(ca, cc)
+    weights = [k for k in ca["model"] if k.endswith(".weight")]
+    assert weights and set(weights) <= set(differ), differ
+
+
+def test_the_same_seed_gives_the_same_run_on_two_device_groups(train_dir):
+    args = [*CARTPOLE, "--nproc_per_node=2", "--batch_size=64", "--seed=11"]
+    (sa, ca), (sb, cb) = _train(train_dir, [("a", args, 5000), ("b", args, 5000)])
+    assert sa["world_size"] == 2
+    _same_run(sa, sb, ca, cb)
 
 
 @pytest.mark.slow
@@ -96,8 +115,7 @@ def test_two_runs_of_100k_steps_are_the_same_run(train_dir):
     """The issue's length: 100,000 env steps (781 iterations), twice with one seed: the same episode returns in
     the same order and bit-identical model and optimiser tensors."""
     args = [*CARTPOLE, "--seed=21"]
-    sa, ca = _train(train_dir, "long_a", args, 100_000)
-    sb, cb = _train(train_dir, "long_b", args, 100_000)
+    (sa, ca), (sb, cb) = _train(train_dir, [("long_a", args, 100_000), ("long_b", args, 100_000)], timeout=600)
     assert sa["env_steps"] >= 100_000
     _same_run(sa, sb, ca, cb)
     assert len(ca["episode_returns"]) == 100  # the window is full (--stats_avg)
@@ -117,17 +135,7 @@ def test_a_gru_model_on_a_memory_task_repeats_too(train_dir):
         "--deterministic=True",
         "--seed=5",
     ]
-    sa, ca = _train(train_dir, "gru_a", args, 3000)
-    sb, cb = _train(train_dir, "gru_b", args, 3000)
-    _same_run(sa, sb, ca, cb)
-
-
-def test_serial_mode_and_worker_processes_give_the_same_run(train_dir):
-    """The same components, stepped in one process or in worker processes: bit-identical results."""
-    args = [*CARTPOLE, "--seed=3"]
-    sa, ca = _train(train_dir, "procs", args, 4000)
-    sb, cb = _train(train_dir, "serial", [*args, "--serial_mode=True"], 4000)
-    assert sb["serial_mode"] is True
+    (sa, ca), (sb, cb) = _train(train_dir, [("gru_a", args, 3000), ("gru_b", args, 3000)])
     _same_run(sa, sb, ca, cb)
 
 
@@ -165,8 +173,13 @@ def test_two_groups_at_half_the_batch_train_what_one_group_trains(train_dir):
     and batches, so after 19 iterations every tensor agrees up to the float rounding of the all-reduce (1e-5 of
     its largest entry); the observation normaliser, fed the same observations, exactly."""
     common = [*CARTPOLE[:1], "--num_workers=4", "--num_envs_per_worker=4", "--rollout=32", "--deterministic=True"]
-    s1, c1 = _train(train_dir, "one", [*common, "--seed=4", "--batch_size=512"], 10240)
-    s2, c2 = _train(train_dir, "two", [*common, "--seed=4", "--batch_size=256", "--nproc_per_node=2"], 10240)
+    (s1, c1), (s2, c2) = _train(
+        train_dir,
+        [
+            ("one", [*common, "--seed=4", "--batch_size=512"], 10240),
+            ("two", [*common, "--seed=4", "--batch_size=256", "--nproc_per_node=2"], 10240),
+        ],
+    )
     assert s2["world_size"] == 2 and (s1["env_steps"], s1["train_steps"]) == (s2["env_steps"], s2["train_steps"])
     for k, a in c1["model"].items():
         b = c2["model"][k]
