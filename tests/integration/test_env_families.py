@@ -108,6 +108,7 @@ def test_family_trains_end_to_end(train_dir, env, shape, dtype, discrete, frames
 def test_atari_training_wrappers_and_evaluation_wrappers():
     _skip_without_extra("atari_breakout")
     from msf.envs.families import EpisodicLife
+    from msf.envs.seeding import reset_ignores_seed
 
     def chain(env):
         names = []
@@ -134,7 +135,15 @@ def test_atari_training_wrappers_and_evaluation_wrappers():
     assert life.env.unwrapped.ale.lives() == lives0 - 1
     train.reset()
     assert life.env.unwrapped.ale.lives() == lives0 - 1  # not a new game
+    # a reset with a seed starts a new game from it: the same first frame as the first reset with that seed
+    first = train.reset(seed=0)[0]
+    assert life.env.unwrapped.ale.lives() == lives0
+    for _ in range(50):
+        train.step(3)  # LEFT: the paddle moves
+    assert np.array_equal(train.reset(seed=0)[0], first)
     train.close()
+    # so --deterministic's check of the env's seeding finds it seeded (it warned before the seed forced a new game)
+    assert not reset_ignores_seed("atari_breakout", env_config_of(Config()))
     evaluation.close()
 
 

@@ -88,7 +88,9 @@ def require_extra(name: str) -> None:
 class EpisodicLife(gym.Wrapper):
     """Atari training: a lost life ends the episode (terminated), but the game goes on: the next
     ``reset`` only takes a no-op step unless the game is really over (Mnih et al. 2015's training
-    protocol). Gymnasium's ``AtariPreprocessing(terminal_on_life_loss=True)`` would restart the game."""
+    protocol). Gymnasium's ``AtariPreprocessing(terminal_on_life_loss=True)`` would restart the game.
+    A ``reset(seed=...)`` always starts a new game from that seed (gymnasium's meaning of a seed), so that
+    ``--deterministic``'s check of the env's seeding (two resets with one seed) sees the same first frame."""
 
     def __init__(self, env: gym.Env):
         super().__init__(env)
@@ -104,7 +106,7 @@ class EpisodicLife(gym.Wrapper):
         return obs, reward, terminated, truncated, info
 
     def reset(self, **kwargs):
-        if self.game_over:
+        if self.game_over or kwargs.get("seed") is not None:
             obs, info = self.env.reset(**kwargs)
         else:
             obs, _, terminated, truncated, info = self.env.step(0)
