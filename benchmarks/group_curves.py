@@ -56,9 +56,10 @@ def run(name: str, workload: str, frames: int, out: str) -> None:
             if json.load(f).get("status") == "done":
                 print(f"{name}: already done in {out}", flush=True)
                 return
-    exe = os.path.join(os.path.dirname(sys.executable), "msf-train")
     cmd = [
-        exe,
+        sys.executable,
+        "-m",
+        "msf.train",
         *_flags(workload),
         *CONFIGS[name],
         f"--experiment={name}",
