@@ -28,7 +28,7 @@ def run_tool(module: str, args: list[str], timeout: float = 120) -> subprocess.C
 
 
 def test_interrupted_and_resumed_run_ends_within_one_batch_of_the_budget_with_continuous_curves(train_dir):
-    budget = 150_000
+    budget = 80_000  # the SIGINT comes ~3 s into training (~30k steps at most here), the resumed run trains the rest
     args = [
         "--env=CartPole-v1",
         "--experiment=life",
