@@ -75,7 +75,7 @@ def run(name: str, workload: str, frames: int, out: str) -> None:
         subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=False)
 
 
-def curve(out: str, name: str) -> dict:
+def curve(out: str, name: str, marks: tuple[int, ...] = MARKS) -> dict:
     """The run's TensorBoard points: return at each mark, mean policy lag, frames, wall seconds."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -87,7 +87,7 @@ def curve(out: str, name: str) -> dict:
     # the point nearest each mark, where the run got that far (within one 10-s summary of it)
     at = {
         m: (min(ret, key=lambda e: abs(e.step - m)).value if ret and ret[-1].step >= m - 20_000 else None)
-        for m in MARKS
+        for m in marks
     }
     summary = os.path.join(out, name, "summary.json")
     wall = json.load(open(summary))["wall_seconds"] if os.path.exists(summary) else None
@@ -101,20 +101,23 @@ def curve(out: str, name: str) -> dict:
     }
 
 
-def report(out: str, names: list[str]) -> None:
+def report(out: str, names: list[str], marks: tuple[int, ...] = MARKS) -> None:
+    """The table: return at each of ``marks`` (frames), the best, the mean lag, frames/s and wall time of a
+    finished run, and the frames a run had reached (an unfinished one's last TensorBoard point)."""
     print()
-    print(f"| run | {' | '.join(f'{m / 1e6:.1f}M' for m in MARKS)} | best | mean policy lag | frames/s | wall (s) |")
-    print("|---|" + "---|" * (len(MARKS) + 4))
+    cols = " | ".join(f"{m / 1e6:.1f}M" for m in marks)
+    print(f"| run | {cols} | best | mean policy lag | frames reached | frames/s | wall (s) |")
+    print("|---|" + "---|" * (len(marks) + 5))
     for name in names:
         if not os.path.isdir(os.path.join(out, name, "tensorboard")):
             continue
-        c = curve(out, name)
+        c = curve(out, name, marks)
         cells = ["n/a" if v is None else f"{v:.1f}" for v in c["at"].values()]
         fps = "n/a" if not c["wall"] else f"{c['frames'] / c['wall']:.0f}"
         lag = "n/a" if c["lag"] is None else f"{c['lag']:.2f}"
         best = "n/a" if c["best"] is None else f"{c['best']:.1f}"
         wall = "n/a" if c["wall"] is None else f"{c['wall']:.0f}"
-        print(f"| {name} | {' | '.join(cells)} | {best} | {lag} | {fps} | {wall} |")
+        print(f"| {name} | {' | '.join(cells)} | {best} | {lag} | {c['frames']:,} | {fps} | {wall} |")
 
 
 def main() -> None:
@@ -124,12 +127,13 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=2_000_000, help="env frames per run")
     ap.add_argument("--out", default=os.path.join("/tmp", "group_curves"), help="train dir kept across invocations")
     ap.add_argument("--report", action="store_true", help="print the table of the runs in --out; run nothing")
+    ap.add_argument("--marks", type=int, nargs="+", default=list(MARKS), help="frames at which the table reads")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     if not a.report:
         for name in a.configs:
             run(name, a.workload, a.frames, a.out)
-    report(a.out, a.configs)
+    report(a.out, a.configs, tuple(a.marks))
 
 
 if __name__ == "__main__":
