@@ -149,6 +149,7 @@ def test_sync_mode_needs_an_iteration_of_whole_rounds():
     assert _problems("--async_rl=True", "--batch_size=96") == []
     (line,) = _problems("--async_rl=False", "--batch_size=96")
     assert line.startswith("--async_rl: ") and "= 64 samples" in line and "96" in line
+    assert "one rollout of the device group's envs (2 rollout worker(s) x 4 envs" in line
     fit = int(line.split("for example --batch_size=")[1].split()[0])
     assert fit % 64 == 0 and _problems("--async_rl=False", f"--batch_size={fit}") == []
     # an iteration smaller than one round can never be all of a round

@@ -391,7 +391,8 @@ def check_sync(cfg: Config, num_agents: int, nproc_per_node: int) -> None:
                 "async_rl",
                 f"False needs a training iteration (--batch_size={cfg.batch_size} x --num_batches_per_epoch="
                 f"{cfg.num_batches_per_epoch} = {iteration} samples) that is a whole multiple of one rollout of "
-                f"{'a' if nproc_per_node == 1 else f'device group {group}'}'s envs ({workers} rollout workers x "
+                f"{'the device group' if nproc_per_node == 1 else f'device group {group}'}'s envs ({workers} rollout "
+                f"worker(s) x "
                 f"{cfg.num_envs_per_worker} envs x {num_agents} agent(s) x --rollout={cfg.rollout} = {rollout} "
                 f"samples): for example --batch_size={fit} --num_batches_per_epoch=1, or --async_rl=True",
             )

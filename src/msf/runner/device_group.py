@@ -295,9 +295,11 @@ def _make_deterministic(cfg: Config, device: str) -> None:
     log.info(
         "--deterministic: synchronous PPO, envs seeded by --seed=%d and their job-wide index, an action generator "
         "per env, one split per inference batch, batches in env order, %d learner thread(s), deterministic torch "
-        "kernels: the same command on this machine gives the same run, as far as the env is deterministic itself",
+        "kernels: the same command with --seed=%d on this machine gives the same run, as far as the env is "
+        "deterministic itself",
         cfg.seed,
         torch.get_num_threads(),
+        cfg.seed,
     )
 
 
@@ -315,7 +317,7 @@ def _budget_spent(cfg: Config, state: TrainState, derived: Derived) -> bool:
 
 def _log_start(cfg: Config, group_cfg: Config, rank: RankInfo, device: str, exp_dir: str) -> None:
     log.info(
-        "msf %s | %s | rank %d/%d | device %s | %d rollout workers x %d envs, %d inference worker(s) | %s",
+        "msf %s | %s | rank %d/%d | device %s | %d rollout worker(s) x %d envs, %d inference worker(s) | %s",
         msf.__version__,
         cfg.env,
         rank.rank,
