@@ -469,3 +469,15 @@ class TargetReach(gym.Env):
 
 
 gym.register("MsfTargetReach-v0", entry_point=TargetReach)
+
+
+class SlowCloseCartPole(CartPoleEnv):
+    """CartPole whose ``close`` takes ``MSF_TEST_SLOW_CLOSE_S`` seconds (default 8): a clean stop lasts at least
+    that long (the workers close their envs before they exit)."""
+
+    def close(self):
+        time.sleep(float(os.environ.get("MSF_TEST_SLOW_CLOSE_S", "8")))
+        super().close()
+
+
+gym.register("MsfSlowCloseCartPole-v0", entry_point=SlowCloseCartPole, max_episode_steps=500)

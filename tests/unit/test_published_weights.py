@@ -111,3 +111,40 @@ def test_a_writer_that_died_mid_copy_makes_the_reader_time_out():
         weights.load_into(reader_model, timeout_s=0.3)
     assert 0.3 <= time.monotonic() - t0 < 5.0
     assert _values(reader_model.state_dict().values()) == {0.0}
+
+
+class _Mixed(nn.Module):
+    """Parameters and buffers of several dtypes and shapes, a scalar and an empty one among them."""
+
+    def __init__(self, n_layers: int = 3):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(3, 3) for _ in range(n_layers))
+        self.register_buffer("count", torch.tensor(7, dtype=torch.int64))
+        self.register_buffer("mean", torch.arange(5, dtype=torch.float64))
+        self.register_buffer("mask", torch.tensor([True, False, True]))
+        self.register_buffer("empty", torch.zeros(0, 4))
+
+
+def test_the_weights_share_one_block_of_memory_and_keep_every_dtype_and_value():
+    """Every published tensor is a view into one shared block (one file descriptor for a process it is handed
+    to, whatever the model's size), aligned to 64 bytes, with the model's dtypes, shapes and values."""
+    model = _Mixed(n_layers=150)  # 304 tensors
+    weights = PublishedWeights(model)
+    state = model.state_dict()
+    assert len(weights.tensors) == len(state) == 304
+    assert len({t.untyped_storage().data_ptr() for t in [weights.header, *weights.tensors]}) == 1
+    assert weights.tensors[0].untyped_storage().is_shared()
+    base = weights.header.data_ptr()
+    assert all((t.data_ptr() - base) % 64 == 0 for t in weights.tensors if t.numel())
+    for (name, src), dst in zip(state.items(), weights.tensors):
+        assert (dst.dtype, dst.shape) == (src.dtype, src.shape) and torch.equal(dst, src), name
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+        model.count.fill_(9)
+    weights.publish(model, 3)
+    fresh = _Mixed(n_layers=150)
+    assert weights.load_into(fresh) == 3
+    for (name, a), b in zip(fresh.state_dict().items(), model.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert PublishedWeights.tensor_bytes(model) == [weights.header.untyped_storage().nbytes()]

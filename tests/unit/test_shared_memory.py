@@ -40,8 +40,11 @@ def test_the_published_weights_size_is_what_they_allocate():
 
     model = ActorCritic(Config(encoder_mlp_layers=[16, 8]), VECTOR)
     weights = PublishedWeights(model)
-    allocated = [t.numel() * t.element_size() for t in [*weights.tensors, weights.header]]
-    assert PublishedWeights.tensor_bytes(model) == allocated
+    # one block (the header and every tensor, each at a multiple of 64 bytes)
+    blocks = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in [*weights.tensors, weights.header]}
+    assert PublishedWeights.tensor_bytes(model) == list(blocks.values())
+    end = max(t.data_ptr() + t.numel() * t.element_size() for t in weights.tensors) - weights.header.data_ptr()
+    assert sum(blocks.values()) == end
 
 
 def _atari_like():

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from msf.runtime.supervision import CTX, semaphore_names, spawn
+from msf.runtime.supervision import CTX, START_METHOD, parent_alive, semaphore_names, spawn
 
 
 @dataclass(frozen=True)
@@ -29,8 +29,8 @@ def test_semaphore_names_are_those_of_the_queues_and_events_handed_over():
 
 
 def _orphan(q, ev) -> None:
-    parent = multiprocessing.parent_process().pid  # (it may be gone already: this child imports for seconds)
-    while os.getppid() == parent:
+    parent = multiprocessing.parent_process().pid  # (it may be gone already)
+    while parent_alive(parent):
         time.sleep(0.05)
 
 
@@ -70,3 +70,44 @@ def test_a_child_whose_parent_was_killed_releases_the_semaphores_handed_to_it():
     finally:
         if parent.is_alive():
             parent.kill()
+
+
+def _report(q, ev) -> None:
+    parent = multiprocessing.parent_process().pid
+    q.put((os.getppid() == parent, parent_alive(parent), os.environ.get("MSF_TEST_VAR"), dict(os.environ)))
+
+
+def test_a_child_sees_its_parent_alive_and_the_parents_environment_at_its_start(monkeypatch):
+    """Children fork from a fork server, which is not their parent and whose environment is the one it started
+    with: a child still knows its parent is alive, and sees the environment as the parent had it at spawn()
+    (here a variable set after the fork server started, and none of the server's one-thread settings)."""
+    failures, q, ev = CTX.Queue(), CTX.Queue(), CTX.Event()
+    spawn(_report, "first", failures, q, ev).join(60)  # the fork server is running from here on
+    q.get(timeout=10)
+    monkeypatch.setenv("MSF_TEST_VAR", "set after the server started")
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    child = spawn(_report, "second", failures, q, ev)
+    is_os_parent, alive, var, env = q.get(timeout=60)
+    child.join(10)
+    assert child.exitcode == 0 and failures.empty()
+    assert alive
+    assert is_os_parent == (START_METHOD == "spawn")
+    assert var == "set after the server started"
+    assert env == dict(os.environ)
+
+
+def _sum_all(q, ev, tensors) -> None:
+    q.put(float(sum(t.sum() for t in tensors)))
+
+
+def test_a_child_handed_more_shared_tensors_than_the_fork_server_passes_still_starts():
+    """300 shared tensors are 300 file descriptors, more than the fork server hands a child (~250): that child
+    starts with spawn instead, and sees the tensors' values."""
+    import torch
+
+    failures, q, ev = CTX.Queue(), CTX.Queue(), CTX.Event()
+    tensors = [torch.full((3,), float(i)).share_memory_() for i in range(300)]
+    child = spawn(_sum_all, "many", failures, q, ev, tensors)
+    assert q.get(timeout=60) == 3.0 * sum(range(300))
+    child.join(10)
+    assert child.exitcode == 0 and failures.empty()

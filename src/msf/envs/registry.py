@@ -37,8 +37,9 @@ def register_env(name: str, make_env_fn: MakeEnvFn) -> None:
     for ``msf-enjoy`` also ``evaluation`` (True: leave out wrappers meant for training only) and
     ``render_mode`` (None, ``"rgb_array"`` or ``"human"``).
     The registration must happen at import of a module that the rollout workers also import
-    (they are started with ``spawn``); pass ``--env=module:name`` to have it imported. An env that is slow to
-    make should have its spaces declared there too (:func:`declare_spaces`).
+    (they do not inherit the main process's state: :mod:`msf.runtime.registrations`); pass
+    ``--env=module:name`` to have it imported. An env that is slow to make should have its spaces declared
+    there too (:func:`declare_spaces`).
     """
     _REGISTRY[name] = make_env_fn
 

@@ -42,7 +42,14 @@ from msf.persistence.train_state import TrainState
 from msf.runner.experiment import experiment_dir
 from msf.runner.training_loop import Channels, TrainingLoop, check_replicas
 from msf.runtime.affinity import learner_threads, set_learner_niceness, usable_cores, worker_cores
-from msf.runtime.supervision import CTX, spawn, stop_budget_s, stop_children, use_quiet_executable
+from msf.runtime.supervision import (
+    CTX,
+    spawn,
+    start_fork_server,
+    stop_budget_s,
+    stop_children,
+    use_quiet_executable,
+)
 from msf.sampling.inference_worker import inference_worker_main
 from msf.sampling.messages import InferenceCounters, RolloutCounters
 from msf.sampling.protocol import InferenceWorkerSpec, RolloutWorkerSpec
@@ -220,6 +227,8 @@ def run_device_group(cfg: Config, spaces: EnvSpaces, rank: RankInfo, heartbeat: 
     device = f"cuda:{rank.local_rank}" if cfg.device == "gpu" else "cpu"
     torch.manual_seed(cfg.seed)  # the same on every replica; DDP also broadcasts rank 0's weights
     _set_learner_process(cfg, rank)
+    if not cfg.serial_mode:  # the workers' fork server imports torch while this process makes the learners
+        start_fork_server()  # (after the niceness: the workers inherit the server's, and add their offsets)
     if cfg.deterministic:
         _make_deterministic(cfg, device)
     learners = _make_learners(cfg, group_cfg, derived, spaces, device, rank)

@@ -1,7 +1,8 @@
 """What a process has registered (envs, encoders, declared spaces), carried to the processes it spawns.
 
-msf starts its ranks and workers with ``spawn``: a child imports the modules it needs anew, so a registration
-made at import of a module reaches it, and one made in a script's ``main()`` does not (Sample Factory's launch
+msf starts its ranks with ``spawn`` and its workers from a fork server that imported only torch and msf's worker
+modules: a child imports the other modules it needs anew, so a registration made at import of a module reaches it,
+and one made in a script's ``main()`` does not (Sample Factory's launch
 scripts register in ``main()``: its processes receive its registries pickled). Every registry of msf is a named
 dict of this module (:func:`registry`); :func:`snapshot` gives the entries that pickle (functions and classes by
 reference, including those of the script run as ``__main__``, which a spawned child imports again), and

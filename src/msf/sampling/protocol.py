@@ -35,8 +35,8 @@ pipe)                                   splits of ``w`` it served,  every timeou
 
 ``stop_event``    main -> every child   set once                    polled at least every 0.5 s
 
-parent pid        (the OS) -> every     ``os.getppid()`` changes    polled with the stop event
-                  child                 when the parent dies
+parent sentinel   (the OS) -> every     the pipe reads as closed    polled with the stop event
+                  child                 when the parent dies        (``supervision.parent_alive``)
 
 published         learner -> IWs of     ``state_dict`` tensors and  neither side waits for the other; a reader
 weights           its policy            the policy version          retries a torn copy for at most 10 s, then

@@ -26,6 +26,20 @@ import time
 import torch
 from torch import nn
 
+HEADER_BYTES = 16  # [seq, version], int64
+ALIGN = 64  # bytes: every tensor of the block starts on a cache line
+
+
+def _layout(tensors: list[torch.Tensor]) -> tuple[list[int], int]:
+    """(The byte offset of each tensor in the shared block, the block's size): the header first, then the
+    tensors in order, each at a multiple of :data:`ALIGN`."""
+    offsets, end = [], HEADER_BYTES
+    for t in tensors:
+        start = -(-end // ALIGN) * ALIGN
+        offsets.append(start)
+        end = start + t.numel() * t.element_size()
+    return offsets, end
+
 
 class PublishedWeights:
     """Shared-memory weights with a policy version.
@@ -35,15 +49,24 @@ class PublishedWeights:
     """
 
     def __init__(self, model: nn.Module):
-        self.names = list(model.state_dict().keys())
-        self.tensors = [t.detach().to("cpu", copy=True).share_memory_() for t in model.state_dict().values()]
+        state = model.state_dict()
+        self.names = list(state.keys())
+        offsets, total = _layout(list(state.values()))
+        # one shared block holds the header and every tensor (views into it): a process it is handed to receives
+        # one file descriptor, whatever the model's size (a fork server passes at most ~250 to a child)
+        block = torch.zeros(total, dtype=torch.uint8).share_memory_()
         # [seq, version]: seq is odd while the learner writes
-        self.header = torch.zeros(2, dtype=torch.int64).share_memory_()
+        self.header = block[:HEADER_BYTES].view(torch.int64)
+        self.tensors = [
+            block[o : o + t.numel() * t.element_size()].view(t.dtype).view(t.shape).copy_(t.detach().cpu())
+            for o, t in zip(offsets, state.values())
+        ]
 
     @staticmethod
     def tensor_bytes(model: nn.Module) -> list[int]:
-        """The bytes of each shared tensor that publishing ``model`` allocates (its state and the header)."""
-        return [t.numel() * t.element_size() for t in model.state_dict().values()] + [2 * 8]
+        """The bytes of the shared memory that publishing ``model`` allocates (one block: its state, the header
+        and the alignment between them)."""
+        return [_layout(list(model.state_dict().values()))[1]]
 
     @property
     def version(self) -> int:
