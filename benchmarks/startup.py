@@ -69,7 +69,8 @@ def main() -> None:
                     walls.setdefault((w, which), []).append(wall)
                     if started is not None:
                         starts.setdefault((w, which), []).append(started)
-                    print(f"round {r} workers {w} {which:8s} wall {wall:5.1f} s, envs started after {started} s")
+                    after = "-" if started is None else f"{started:.2f}"
+                    print(f"round {r} workers {w} {which:8s} wall {wall:5.1f} s, envs started after {after} s")
     print(
         "\n| rollout workers | command, new (s) | command, baseline (s) | new / baseline | "
         "envs started after, new (s) | envs started after, baseline (s) |"
