@@ -3,8 +3,8 @@
 Every child is started one way, :func:`spawn`: forked from a fork server (the ``forkserver`` start
 method, ``spawn`` where the platform has none) that imported torch and the worker modules once,
 before any thread, lock or CUDA state existed, so a child starts in milliseconds instead of importing
-torch anew (~2 s of a core each: a run of 8 rollout workers on 2 cores took 15.5 s to do 2,048
-steps with ``spawn``, 6.3 s from the fork server). A child gets its parent's environment variables
+torch anew (~2 s of a core each: a 2,048-step run with 16 rollout workers on 2 cores took 26.5 s
+from the command with ``spawn``, 6.0 s from the fork server; ``benchmarks/startup.py``). A child gets its parent's environment variables
 as they are when it is started, as with ``spawn``. It ignores SIGINT (only the main process decides
 how to stop), leads a process group of its own (so whatever it starts, such as ViZDoom's engine
 processes, can be ended with it: :func:`stop_children`), watches its parent through multiprocessing's
