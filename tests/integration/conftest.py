@@ -35,11 +35,16 @@ def msf_env() -> dict:
     return env
 
 
+def msf_command(args: list[str]) -> list[str]:
+    """``python -m msf.train --device=cpu --with_progress_bar=False ARGS`` with this interpreter."""
+    return [sys.executable, "-m", "msf.train", "--device=cpu", "--with_progress_bar=False", *args]
+
+
 def run_msf(args: list[str], timeout: float, **kw) -> subprocess.CompletedProcess:
     """Run ``python -m msf.train ARGS``; a hang fails the test after ``timeout`` seconds."""
     env = kw.pop("env", None) or msf_env()
     return subprocess.run(
-        [sys.executable, "-m", "msf.train", "--device=cpu", "--with_progress_bar=False", *args],
+        msf_command(args),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -62,8 +67,7 @@ def run_msf_together(arg_lists: list[list[str]], timeout: float) -> list[subproc
         for args in arg_lists:
             out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
             outs.append((out, err))
-            cmd = [sys.executable, "-m", "msf.train", "--device=cpu", "--with_progress_bar=False", *args]
-            procs.append(subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=msf_env()))
+            procs.append(subprocess.Popen(msf_command(args), stdout=out, stderr=err, text=True, env=msf_env()))
         deadline = time.monotonic() + timeout
         for p in procs:
             p.wait(timeout=max(0.0, deadline - time.monotonic()))
@@ -84,15 +88,7 @@ def run_msf_together(arg_lists: list[list[str]], timeout: float) -> list[subproc
 def popen_msf(args: list[str], **kw) -> subprocess.Popen:
     # status lines every second: wait_until_training sees the first one soon
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "msf.train",
-            "--device=cpu",
-            "--with_progress_bar=False",
-            "--experiment_summaries_interval=1",
-            *args,
-        ],
+        msf_command(["--experiment_summaries_interval=1", *args]),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -107,7 +103,7 @@ def start_in_background_shell(args: list[str], env: dict | None = None) -> tuple
     own; it exits with the job's exit code) and the job's pid, which a script would ``kill -INT``."""
     import shlex
 
-    cmd = shlex.join([sys.executable, "-m", "msf.train", "--device=cpu", "--with_progress_bar=False", *args])
+    cmd = shlex.join(msf_command(args))
     sh = subprocess.Popen(
         ["bash", "-c", f"{cmd} & echo $!; wait $!"],
         stdout=subprocess.PIPE,
