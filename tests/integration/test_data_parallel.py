@@ -229,7 +229,10 @@ def test_every_env_of_the_job_has_its_own_worker_and_env_index(train_dir, tmp_pa
             "--batch_size=96",
             "--encoder_mlp_layers",
             "16",
-            "--train_for_env_steps=2000",
+            # long enough for every worker to make its envs: one group's batch can come from one of its workers,
+            # so a run of 2,000 steps could end before a late worker (workers start within milliseconds of each
+            # other from the fork server, but a busy machine may hold one back) had made its last env
+            "--train_for_env_steps=20000",
         ],
         timeout=180,
         env=env,

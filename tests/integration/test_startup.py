@@ -75,3 +75,27 @@ def test_declared_spaces_spare_the_launcher_its_env(train_dir, tmp_path):
     assert read_summary(train_dir, "declared")["status"] == "done"
     assert made.read_text().split() == ["rollout_worker_0", "rollout_worker_0"]  # the run's own 2, nothing else
     assert "to read its observation and action spaces" not in r.stderr
+
+
+def test_a_temp_folder_too_long_for_the_fork_servers_socket_still_trains(train_dir, tmp_path):
+    """A TMPDIR of ~100 characters (a cluster job's folder): the fork server's Unix socket path would be too long
+    (every child failed to start: "AF_UNIX path too long"), so the workers are spawned instead."""
+    long_tmp = tmp_path / ("t" * max(1, 100 - len(str(tmp_path))))
+    long_tmp.mkdir()
+    assert len(str(long_tmp)) >= 100
+    env = msf_env()
+    env["TMPDIR"] = str(long_tmp)
+    r = run_msf(
+        [
+            "--env=CartPole-v1",
+            "--experiment=longtmp",
+            f"--train_dir={train_dir}",
+            "--num_workers=2",
+            "--train_for_env_steps=2000",
+        ],
+        timeout=180,
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = read_summary(train_dir, "longtmp")
+    assert s["status"] == "done" and s["env_steps"] >= 2000

@@ -111,3 +111,26 @@ def test_a_child_handed_more_shared_tensors_than_the_fork_server_passes_still_st
     assert q.get(timeout=60) == 3.0 * sum(range(300))
     child.join(10)
     assert child.exitcode == 0 and failures.empty()
+
+
+def _draws(q, ev) -> None:
+    import numpy as np
+    import torch
+    from threadpoolctl import threadpool_info
+
+    blas = [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
+    q.put((float(np.random.rand()), float(torch.rand(1)), blas))
+
+
+def test_children_draw_their_own_random_numbers_and_have_the_blas_threads_their_environment_asks_for(monkeypatch):
+    """Forked children would share the fork server's numpy and torch generators (every rollout worker's env drew
+    the same np.random numbers) and its one BLAS thread: each child seeds them anew and sizes its BLAS pool by
+    its environment, as a spawned process does."""
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "2")
+    failures, q, ev = CTX.Queue(), CTX.Queue(), CTX.Event()
+    children = [spawn(_draws, f"draws{i}", failures, q, ev) for i in range(3)]
+    got = [q.get(timeout=60) for _ in children]
+    for c in children:
+        c.join(10)
+    assert len({g[0] for g in got}) == 3 and len({g[1] for g in got}) == 3, got
+    assert all(g[2] == [2] for g in got), got  # numpy's OpenBLAS, as OPENBLAS_NUM_THREADS asks

@@ -1,15 +1,17 @@
 """Starting, watching and ending child processes.
 
 Every child is started one way, :func:`spawn`: forked from a fork server (the ``forkserver`` start
-method, ``spawn`` where the platform has none) that imported torch and the worker modules once,
-before any thread, lock or CUDA state existed, so a child starts in milliseconds instead of importing
-torch anew (~2 s of a core each: a 2,048-step run with 16 rollout workers on 2 cores took 26.5 s
-from the command with ``spawn``, 6.0 s from the fork server; ``benchmarks/startup.py``). A child gets its parent's environment variables
-as they are when it is started, as with ``spawn``. It ignores SIGINT (only the main process decides
-how to stop), leads a process group of its own (so whatever it starts, such as ViZDoom's engine
-processes, can be ended with it: :func:`stop_children`), watches its parent through multiprocessing's
-parent sentinel (:func:`parent_alive`), reports an exception as a :class:`ComponentFailure` on the
-failure queue, and exits non-zero.
+method, ``spawn`` where the platform has none or the temp folder's path is too long for its socket)
+that imported torch and the worker modules once, before any thread, lock or CUDA state existed, so a
+child starts in milliseconds instead of importing torch anew (~2 s of a core each: a 2,048-step run
+with 16 rollout workers on 2 cores took 26.5 s from the command with ``spawn``, 6.0 s from the fork
+server; ``benchmarks/startup.py``). A child starts as a spawned one would: its parent's environment
+variables as they are when it is started, random generators of its own, BLAS thread pools as its
+environment asks. It ignores SIGINT (only the main process decides how to stop), leads a process
+group of its own (so whatever it starts, such as ViZDoom's engine processes, can be ended with it:
+:func:`stop_children`), watches its parent through multiprocessing's parent sentinel
+(:func:`parent_alive`), reports an exception as a :class:`ComponentFailure` on the failure queue,
+and exits non-zero.
 """
 
 from __future__ import annotations
@@ -60,8 +62,9 @@ def _child_main(
     environ: dict[str, str] | None = None,
 ) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if environ is not None:  # the parent's, as it was at spawn() (the fork server's is as it was when it started)
-        os.environ.clear()
+    _as_a_fresh_process(environ or {})  # (for a spawned child: what it has already)
+    if environ is not None:  # the parent's, as it was at spawn() (the fork server's is as it was when it started;
+        os.environ.clear()  # and threadpoolctl's import above adds a variable)
         os.environ.update(environ)
     _lead_own_process_group()
     logging.basicConfig(level=log_level, format=f"[%(asctime)s][{name}][pid {os.getpid()}] %(message)s")
@@ -79,6 +82,25 @@ def _child_main(
             _release_if_orphaned(failures, args)
             os._exit(1)
     _release_if_orphaned(failures, args)
+
+
+def _as_a_fresh_process(environ: dict[str, str]) -> None:
+    """What a forked child does to start as a spawned one would: global random generators seeded anew (numpy's
+    and torch's; Python's ``random`` reseeds itself after a fork), else every worker would draw the fork server's
+    numbers (an env that uses ``np.random`` did the same in every worker), and BLAS thread pools (numpy's
+    OpenBLAS, which the fork server started with one thread) as large as ``environ`` or the cores make them."""
+    import numpy as np
+    import torch
+
+    np.random.seed()  # from the OS's entropy, as numpy seeds itself at import
+    torch.seed()
+    threads = environ.get("OPENBLAS_NUM_THREADS") or environ.get("OMP_NUM_THREADS") or ""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    n = int(threads) if threads.isdigit() and int(threads) > 0 else cores
+    if n > 1:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(limits=n, user_api="blas")
 
 
 def _release_if_orphaned(*handed: Any) -> None:
@@ -167,13 +189,15 @@ def spawn(target: Callable[..., None], name: str, failures: Queue, *args: Any) -
     raises. A child handed more shared tensors (file descriptors) than the fork server can pass (~250; a
     block with views into it counts once) is started with ``spawn`` instead, and imports torch itself."""
     child_args = (target, name, failures, log.getEffectiveLevel(), args, snapshot(), dict(os.environ))
-    p = CTX.Process(target=_child_main, args=child_args, name=name, daemon=True)
     use_quiet_executable()
-    start_fork_server()
+    forked = start_fork_server()
+    p = (CTX if forked else mp.get_context("spawn")).Process(
+        target=_child_main, args=child_args, name=name, daemon=True
+    )
     try:
         p.start()
     except ValueError as e:  # the fork server hands a child at most ~250 file descriptors (one per shared tensor)
-        if START_METHOD != "forkserver" or "too many fds" not in str(e):
+        if not forked or "too many fds" not in str(e):
             raise
         log.info("%s is handed more shared tensors than the fork server can pass: it is started with spawn", name)
         p = mp.get_context("spawn").Process(target=_child_main, args=child_args, name=name, daemon=True)
@@ -181,16 +205,45 @@ def spawn(target: Callable[..., None], name: str, failures: Queue, *args: Any) -
     return p
 
 
-def start_fork_server() -> None:
+_FITS: list[bool] = []
+
+
+def _fork_server_fits() -> bool:
+    """Whether the fork server's socket path fits: it listens on a Unix socket in multiprocessing's folder of the
+    temp folder (``<TMPDIR>/pymp-XXXXXXXX/listener-XXXXXXXX``), and such a path has at most 107 bytes. With a
+    longer temp folder (a cluster job's ``TMPDIR``) every child failed to start ("AF_UNIX path too long"); the
+    workers are then started with ``spawn``, and the log says so once."""
+    if not _FITS:
+        from multiprocessing import util
+
+        folder = util.get_temp_dir()
+        size = len(os.fsencode(folder))
+        _FITS.append(size + len("/listener-xxxxxxxx") <= 107)
+        if not _FITS[0]:
+            log.warning(
+                "the path of multiprocessing's temp folder %s (%d bytes, at most 89 fit) is too long for the "
+                "workers' fork server's socket: the workers are started with spawn and each imports torch itself "
+                "(a slower start; a shorter TMPDIR avoids it)",
+                folder,
+                size,
+            )
+    return _FITS[0]
+
+
+def start_fork_server() -> bool:
     """Start the fork server now, if this process has none running (with the ``forkserver`` start method; it does
     not wait for the server's imports, which run while this process goes on: a device group calls it before it
     makes its learners, the first :func:`spawn` otherwise), with
     :data:`_SERVER_ONE_THREAD` set to 1 in its environment only: it imports numpy (whose OpenBLAS would start a
     thread per core) and forks every child, and a fork from a process with other threads may leave a lock held
     by a thread that the child does not have. Children restore their parent's variables (:func:`_child_main`);
-    what the fork server imported keeps one BLAS thread, which is what the workers use."""
-    if START_METHOD != "forkserver":
-        return
+    what the fork server imported keeps one BLAS thread until a child sizes its own (:func:`_as_a_fresh_process`).
+
+    Returns:
+        True when children are forked from the fork server; False when they are to be spawned (no fork server
+        on this platform, or :func:`_fork_server_fits` says its socket cannot be made)."""
+    if START_METHOD != "forkserver" or not _fork_server_fits():
+        return False
     from multiprocessing import forkserver
 
     saved = {k: os.environ.get(k) for k in _SERVER_ONE_THREAD}
@@ -203,6 +256,7 @@ def start_fork_server() -> None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+    return True
 
 
 _QUIET: list[str] = []
