@@ -180,12 +180,12 @@ def main(argv: list[str] | None = None, parsed: tuple[Config, set[str]] | None =
     config and the names of its flags given explicitly, instead of ``argv`` (:func:`msf.sf2.run_rl`)."""
     import signal
 
-    from msf import INTERRUPTED_BEFORE_TRAINING, end_as_interrupted
+    from msf import INTERRUPTED_BEFORE_TRAINING, end_as_interrupted, interrupt_before_training
 
     # a Ctrl-C before training begins ends the run at once (exit 130), even where the shell started
     # this process with SIGINT ignored (a background job of a script); msf/__init__.py does the same for the
     # imports before this line. Once a device group runs, its own handler takes over (a clean stop).
-    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    old = signal.signal(signal.SIGINT, interrupt_before_training)
     try:
         code = _main(argv) if parsed is None else run(*parsed)
     except KeyboardInterrupt:

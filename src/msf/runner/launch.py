@@ -16,6 +16,7 @@ with the checks that the nodes' flags fit together), then runs its device group.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -24,7 +25,7 @@ import signal
 import sys
 import time
 from multiprocessing.connection import wait
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -167,13 +168,14 @@ def _launch_node(cfg: Config, spaces: EnvSpaces, plan: NodePlan, attempt: int) -
         errors = mp.get_context("spawn").SimpleQueue()
         had = children_now()  # a program that calls msf-train may have children of its own: never touched
         become_subreaper()
-        ctx = mp.start_processes(
-            _rank_main,
-            args=(cfg, spaces, plan, attempt, errors, snapshot()),
-            nprocs=cfg.nproc_per_node,
-            join=False,
-            start_method="spawn",
-        )
+        with _quiet_c10d_warnings():
+            ctx = mp.start_processes(
+                _rank_main,
+                args=(cfg, spaces, plan, attempt, errors, snapshot()),
+                nprocs=cfg.nproc_per_node,
+                join=False,
+                start_method="spawn",
+            )
     except BaseException:
         signals.restore()
         raise
@@ -202,6 +204,27 @@ def _launch_node(cfg: Config, spaces: EnvSpaces, plan: NodePlan, attempt: int) -
             become_subreaper(False)
         finally:
             signals.restore()  # only now: a second Ctrl-C while the orphans stop still exits at once
+
+
+@contextlib.contextmanager
+def _quiet_c10d_warnings() -> Iterator[None]:
+    """The rank processes spawned inside start with ``TORCH_CPP_LOG_LEVEL=ERROR`` unless the user set it.
+
+    When a rank ends (killed, failed, or its start-up cut short by a Ctrl-C while its peers had begun to stop
+    cleanly), every other rank's next use of the store that rank 0 hosts logs a c10d warning from C++ with a
+    stack trace of its own ("[c10d] recvValue failed ... Connection was likely closed", "Exception raised from
+    recvBytes at ...") to the terminal, between msf's lines, before msf names the lost rank itself. torch reads
+    the level when it is imported, so it is set in the environment the ranks inherit; this process's own is
+    left as it was. ``TORCH_CPP_LOG_LEVEL=WARNING`` shows the warnings again.
+    """
+    if "TORCH_CPP_LOG_LEVEL" in os.environ:
+        yield
+        return
+    os.environ["TORCH_CPP_LOG_LEVEL"] = "ERROR"
+    try:
+        yield
+    finally:
+        os.environ.pop("TORCH_CPP_LOG_LEVEL", None)
 
 
 INTERRUPTED_EXIT = 130
