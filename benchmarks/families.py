@@ -1,4 +1,5 @@
-"""Pixel environments side by side with Sample Factory 2: atari_pong and doom_basic.
+"""Environment families side by side with Sample Factory 2: atari_pong and doom_basic (both modes), and
+mujoco_halfcheetah and mujoco_hopper (``--mode curves --only NAME``; frames are env steps there).
 
 Two modes:
 
@@ -73,10 +74,18 @@ WORKLOADS = {
         "--exploration_loss=symmetric_kl",
         "--seed=0",
     ],
+    # Sample Factory's MuJoCo defaults (mujoco_override_defaults: 8 workers x 8 envs, batch 1024, 2 epochs,
+    # tanh MLP 64-64) unchanged on both sides; msf applies them itself for a mujoco_ env. SF2 2.1.1 makes the
+    # gymnasium 0.29 tasks (v4), msf gymnasium 1.x's (v5): the same bodies, rewards and episode length (1,000).
+    "mujoco_halfcheetah": ["--env=mujoco_halfcheetah", "--seed=0"],
+    "mujoco_hopper": ["--env=mujoco_hopper", "--seed=0"],
 }
+PIXEL = ("atari_pong", "doom_basic")
 SF2_ENTRY = {
     "atari_pong": [os.path.join(PEERS, "sf_atari_ale.py")],
     "doom_basic": ["-m", "sf_examples.vizdoom.train_vizdoom"],
+    "mujoco_halfcheetah": ["-m", "sf_examples.mujoco.train_mujoco"],
+    "mujoco_hopper": ["-m", "sf_examples.mujoco.train_mujoco"],
 }
 MSF_STATUS = re.compile(r"frames (\d+) \| fps (\d+) \(10 s\).*? return_mean (n/a|-?[\d.]+)")
 SF2_STATUS = re.compile(r"Fps is \(10 sec: ([\d.na]+),.*Total num frames: (\d+)")
@@ -312,7 +321,7 @@ def main() -> None:
         help="throughput: leave out the pinned raw loop, the unpinned training and the EnvPool rows",
     )
     a = ap.parse_args()
-    names = [a.only] if a.only else list(WORKLOADS)
+    names = [a.only] if a.only else list(PIXEL)
     if a.mode == "throughput":
         throughput_tables(names, a)
         return
