@@ -53,6 +53,30 @@ def _end_early_interrupts_with_130() -> None:
 _interrupted: list[bool] = []
 
 
+_made_before_training: list[str] = []
+
+
+def made_before_training(path: str) -> None:
+    """``path``, a folder this ``msf-train`` created before training began, is removed if a SIGINT ends the
+    start-up (:func:`remove_made_before_training`), so that "nothing was trained or saved" holds: an experiment
+    folder left with its ``config.json`` made the next run of the same ``--experiment`` resume with the aborted
+    attempt's flags."""
+    _made_before_training.append(path)
+
+
+def remove_made_before_training() -> None:
+    """Remove the folders of :func:`made_before_training` (a SIGINT ended the start-up)."""
+    import shutil
+
+    while _made_before_training:
+        shutil.rmtree(_made_before_training.pop(), ignore_errors=True)
+
+
+def keep_made_before_training() -> None:
+    """The run went past its start-up (it trained, stopped cleanly or failed): its folders stay."""
+    _made_before_training.clear()
+
+
 def _importing() -> bool:
     """True while a module is being imported (its code runs; importlib marks its spec ``_initializing``)."""
     for module in list(_sys.modules.values()):
@@ -73,6 +97,7 @@ def interrupt_before_training(signum: int, frame: object) -> None:
     if _importing():
         import os
 
+        remove_made_before_training()
         print(INTERRUPTED_BEFORE_TRAINING, file=_sys.stderr, flush=True)
         os._exit(130)
     raise KeyboardInterrupt

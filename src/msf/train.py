@@ -180,7 +180,12 @@ def main(argv: list[str] | None = None, parsed: tuple[Config, set[str]] | None =
     config and the names of its flags given explicitly, instead of ``argv`` (:func:`msf.sf2.run_rl`)."""
     import signal
 
-    from msf import INTERRUPTED_BEFORE_TRAINING, end_as_interrupted, interrupt_before_training
+    from msf import (
+        INTERRUPTED_BEFORE_TRAINING,
+        end_as_interrupted,
+        interrupt_before_training,
+        remove_made_before_training,
+    )
 
     # a Ctrl-C before training begins ends the run at once (exit 130), even where the shell started
     # this process with SIGINT ignored (a background job of a script); msf/__init__.py does the same for the
@@ -193,6 +198,7 @@ def main(argv: list[str] | None = None, parsed: tuple[Config, set[str]] | None =
         # this process forwards its own) would otherwise break the one line below, or come as a traceback out of
         # a finalizer while the interpreter ends (torch's weakref finalizers run then)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        remove_made_before_training()
         print(INTERRUPTED_BEFORE_TRAINING, file=sys.stderr)
         end_as_interrupted()
         return 130
@@ -230,7 +236,13 @@ def run(cfg: Config, given: set[str]) -> int:
     from msf.runner.experiment import prepare_experiment_dir, wait_for_experiment_dir
 
     if prepares_dir:
+        from msf import made_before_training
+        from msf.runner.experiment import experiment_dir
+
+        new_dir = plan.launcher == "local" and not os.path.exists(experiment_dir(cfg))
         exp_dir = prepare_experiment_dir(cfg)
+        if new_dir:  # removed again if a Ctrl-C ends the start-up (msf-train's own launcher only)
+            made_before_training(exp_dir)
     else:
         exp_dir = wait_for_experiment_dir(cfg)  # the node's local rank 0 prepares it
     setup_logging(exp_dir, rank=plan.rank, to_file=cfg.log_to_file)
@@ -245,6 +257,9 @@ def run(cfg: Config, given: set[str]) -> int:
     for note in set_aside if prepares_dir else ():
         logging.getLogger("msf").warning("%s", note)
     failed = _launch(cfg, spaces, plan, exp_dir)
+    from msf import keep_made_before_training
+
+    keep_made_before_training()
     return failed if failed is not None else _report(cfg, plan, exp_dir)
 
 

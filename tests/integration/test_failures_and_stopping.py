@@ -284,6 +284,39 @@ def test_ctrl_c_during_start_up_exits_130_even_when_started_with_sigint_ignored(
     assert "interrupted before training began" in err
 
 
+def test_a_ctrl_c_during_the_start_up_of_an_existing_experiment_keeps_its_folder(train_dir):
+    """Only a folder that this msf-train made is removed when a Ctrl-C ends its start-up: an existing experiment's
+    stays as it was (its files included), whether the SIGINT ends the start-up (130) or stops it cleanly (0)."""
+    import os
+    import subprocess
+
+    from .conftest import msf_command, msf_env
+
+    exp = train_dir / "existing"
+    exp.mkdir(parents=True)
+    (exp / "keep.txt").write_text("a file of the user's")
+    p = subprocess.Popen(
+        msf_command(["--env=CartPole-v1", "--experiment=existing", f"--train_dir={train_dir}", "--num_workers=2"]),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=msf_env(),
+    )
+    try:
+        deadline = time.monotonic() + 60 + SLACK_S
+        while not (exp / "config.json").exists() and time.monotonic() < deadline and p.poll() is None:
+            time.sleep(0.05)
+        assert (exp / "config.json").exists()  # the folder was prepared for this run: the SIGINT comes after
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=60 + SLACK_S)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode in (0, 130), err[-2000:]
+    assert (exp / "keep.txt").read_text() == "a file of the user's"
+    assert os.path.exists(exp / "config.json")
+
+
 def _environ_has(pid: int, marker: bytes) -> bool:
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
@@ -305,7 +338,8 @@ def test_sigint_at_any_moment_of_the_start_up_ends_it_with_130_and_one_line(trai
     code 130 and one line, or, once the workers were being started, a clean stop before the first training step
     (exit 0, status stopped). Before, a Ctrl-C during the imports of msf.train (0.6-0.8 s in on a loaded
     machine) escaped as KeyboardInterrupt: a traceback and exit code -2; one during torch's import, caught, still
-    ended ``python -m msf.train`` with -2 (CPython's doing: see msf/__init__.py). Nothing is left behind."""
+    ended ``python -m msf.train`` with -2 (CPython's doing: see msf/__init__.py). Nothing is left behind: no
+    process, and after exit code 130 no experiment folder."""
     import os
     import subprocess
     import sys
@@ -357,6 +391,9 @@ def test_sigint_at_any_moment_of_the_start_up_ends_it_with_130_and_one_line(trai
         if p.returncode == 130:
             # besides the run's log lines ("[12:00:00][...] ..."), this one line
             assert [ln for ln in err.splitlines() if not ln.startswith("[")] == [INTERRUPTED_BEFORE_TRAINING]
+            # nothing saved: the new experiment's folder is gone too (its config.json made a rerun of the same
+            # --experiment resume with this attempt's flags)
+            assert not exp.exists(), sorted(f.name for f in exp.iterdir())
         else:
             s = read_summary(train_dir, f"early{i}")
             assert (s["status"], s["train_steps"]) == ("stopped", 0), s
