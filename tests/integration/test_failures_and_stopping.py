@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 
@@ -155,6 +156,44 @@ def test_signal_stops_cleanly_with_final_checkpoint(train_dir, sig):
     ckpts = sorted((train_dir / "sig" / "checkpoint_p0").glob("checkpoint_*.pth"))
     assert len(ckpts) == 1  # save_every_sec=1000: this is the final one
     assert torch.load(ckpts[-1], weights_only=True)["env_steps"] == s["env_steps"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_a_signal_to_the_fork_server_is_survived_or_named(train_dir, sig):
+    """The workers' fork server is in msf-train's process group, so a SIGTERM to the group (Slurm's ``scancel`` of
+    a batch script running msf-train) reaches it too. It ended the server, every worker it forked then read as
+    "exited with code 255", and the clean stop became a failure (status ``failed``, exit code 1). Now the server
+    ignores SIGTERM and the stop is clean; a server killed outright (SIGKILL, the OOM killer) is named as the
+    cause instead of the workers' exit code 255."""
+    from msf.runtime.supervision import command_line
+
+    p = popen_msf(
+        ["--env=CartPole-v1", "--experiment=fs", f"--train_dir={train_dir}", "--save_every_sec=1000"],
+        start_new_session=True,
+    )
+    try:
+        wait_until_training(train_dir / "fs")
+        servers = [c for c in _descendants(p.pid) if any("forkserver import main" in a for a in command_line(c))]
+        server = [c for c in servers if _parent_of(c) == p.pid]
+        assert len(server) == 1, servers
+        os.kill(server[0], sig)
+        time.sleep(2.0)  # the run goes on (SIGTERM), or sees its workers' loss (SIGKILL: it polls them every 0.5 s)
+        if sig == signal.SIGTERM:
+            assert p.poll() is None, "the run ended: " + p.communicate()[1][-3000:]
+            os.killpg(p.pid, signal.SIGTERM)  # as scancel does: the whole group
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    s = read_summary(train_dir, "fs")
+    if sig == signal.SIGTERM:
+        assert (p.returncode, s["status"]) == (0, "stopped"), err[-3000:]
+        assert len(list((train_dir / "fs" / "checkpoint_p0").glob("checkpoint_*.pth"))) == 1  # the final one
+    else:
+        assert (p.returncode, s["status"]) == (1, "failed"), err[-3000:]
+        error = [ln for ln in err.splitlines() if ln.startswith("msf-train: ")][-1]
+        assert f"was lost with the workers' fork server (pid {server[0]}), which died" in error, error
+        assert "code 255" not in error, error
 
 
 # What a stop promises: the next agreement (one iteration), the final checkpoint, the workers' exit

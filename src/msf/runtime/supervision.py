@@ -36,7 +36,10 @@ from msf.runtime.registrations import restore, snapshot
 START_METHOD = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
 CTX = mp.get_context(START_METHOD)
 # what the fork server imports once, so that its children do not: torch, numpy, gymnasium and msf's workers
-CTX.set_forkserver_preload(["msf.sampling.rollout_worker", "msf.sampling.inference_worker"])
+# (first, msf.runtime.fork_server_signals: the server ignores SIGTERM, which a stop sends to the whole process group)
+CTX.set_forkserver_preload(
+    ["msf.runtime.fork_server_signals", "msf.sampling.rollout_worker", "msf.sampling.inference_worker"]
+)
 # libraries that start threads when they are imported (numpy's OpenBLAS: one per core), kept to one thread in
 # the fork server, so that it forks from a process with no other thread (a fork copies only the forking thread)
 _SERVER_ONE_THREAD = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
@@ -62,6 +65,7 @@ def _child_main(
     environ: dict[str, str] | None = None,
 ) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the fork server ignores it (msf.runtime.fork_server_signals)
     _as_a_fresh_process(environ or {})  # (for a spawned child: what it has already)
     if environ is not None:  # the parent's, as it was at spawn() (the fork server's is as it was when it started;
         os.environ.clear()  # and threadpoolctl's import above adds a variable)
@@ -319,13 +323,36 @@ class ChildDied(RuntimeError):
 
 
 def describe_exit(p: mp.Process) -> str:
-    """``"exited with code N"``, or ``"was killed by signal SIGSEGV"`` for a negative exit code."""
+    """``"exited with code N"``, ``"was killed by signal SIGSEGV"`` for a negative exit code, or, for a child of
+    the fork server that died (multiprocessing then reports exit code 255 for every child it forked: it reads
+    their exit codes through the server), that the child was lost with the server (its own exit code unknown)."""
+    server = _lost_fork_server(p)
+    if server is not None:
+        return f"was lost with the workers' fork server (pid {server}), which died"
     if p.exitcode is not None and p.exitcode < 0:
         try:
             return f"was killed by signal {signal.Signals(-p.exitcode).name}"
         except ValueError:
             return f"was killed by signal {-p.exitcode}"
     return f"exited with code {p.exitcode}"
+
+
+def _lost_fork_server(p: mp.Process) -> int | None:
+    """The pid of the fork server that forked ``p``, when ``p``'s exit code is the 255 that multiprocessing reports
+    for a child whose fork server is gone and that server is no longer running (or a zombie); else None."""
+    from multiprocessing import forkserver, popen_forkserver
+
+    if p.exitcode != 255 or not isinstance(getattr(p, "_popen", None), popen_forkserver.Popen):
+        return None
+    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            running = f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        running = False
+    return None if running else pid
 
 
 def check_children(procs: list[mp.Process]) -> None:
