@@ -5,7 +5,7 @@ import sys as _sys
 __version__ = "0.1.0"
 
 INTERRUPTED_BEFORE_TRAINING = "msf-train: interrupted before training began: nothing was trained or saved"
-"""The one line ``msf-train`` prints when a SIGINT ends it before training began (exit code 130)."""
+"""The one line ``msf-train`` prints when a SIGINT or SIGTERM ends it before training began (exit code 130)."""
 
 
 def _is_msf_train() -> bool:
@@ -26,7 +26,10 @@ def _is_msf_train() -> bool:
 
 def _end_early_interrupts_with_130() -> None:
     """From msf's first line, a SIGINT (also where the parent left it ignored, as a script's background job
-    inherits it) ends ``msf-train`` with :data:`INTERRUPTED_BEFORE_TRAINING` and exit code 130.
+    inherits it) or a SIGTERM ends ``msf-train`` with :data:`INTERRUPTED_BEFORE_TRAINING` and exit code 130.
+    (A SIGTERM in the start-up ended it by the signal, exit code 143 without a word, and left the experiment
+    folder with its ``config.json``: a ``scancel`` while a job starts, or a ``kill`` of a run that is slow to
+    start.)
 
     ``msf.train.main`` catches a Ctrl-C itself, but the imports of ``msf.train`` come before it runs: a
     Ctrl-C there (0.6-0.8 s after the start on a loaded machine) escaped as ``KeyboardInterrupt``, and Python
@@ -38,6 +41,7 @@ def _end_early_interrupts_with_130() -> None:
     import signal
 
     signal.signal(signal.SIGINT, interrupt_before_training)
+    signal.signal(signal.SIGTERM, interrupt_before_training)
     atexit.register(_exit_130_if_interrupted)  # registered first, so it runs last (multiprocessing's runs before)
     previous = _sys.excepthook
 
@@ -86,8 +90,9 @@ def _importing() -> bool:
 
 
 def interrupt_before_training(signum: int, frame: object) -> None:
-    """The SIGINT handler of ``msf-train`` until a device group runs: ``KeyboardInterrupt``, as Python's own, except
-    while a module is being imported: then :data:`INTERRUPTED_BEFORE_TRAINING` and exit code 130 at once.
+    """The SIGINT and SIGTERM handler of ``msf-train`` until a device group runs: ``KeyboardInterrupt``, as
+    Python's own for SIGINT, except while a module is being imported: then :data:`INTERRUPTED_BEFORE_TRAINING`
+    and exit code 130 at once.
 
     An import leaves nothing to clean up, and an exception raised in it can reach C++: torch's import calls
     Python from C++ (pybind11) and a ``KeyboardInterrupt`` raised there ended the process with "terminate

@@ -38,7 +38,8 @@ normalisers), which cannot change; --device and --nproc_per_node are taken anew 
 (torch.distributed traffic is unauthenticated: keep it on a trusted network). Watch the run with tensorboard
 --logdir TRAIN_DIR, plot it with msf-plot, evaluate it with msf-enjoy. Ctrl-C, SIGTERM or a SIGINT to this
 process (kill -INT) stops cleanly with a final checkpoint; a second Ctrl-C exits at once. Exit codes: 0 done or
-stopped, 1 failed, 2 invalid flags, 130 interrupted (a second Ctrl-C, or one before training began)."""
+stopped, 1 failed, 2 invalid flags, 130 interrupted (a second Ctrl-C, or a Ctrl-C or SIGTERM before training
+began)."""
 
 
 def check_model(cfg, spaces):
@@ -190,20 +191,24 @@ def main(argv: list[str] | None = None, parsed: tuple[Config, set[str]] | None =
     # a Ctrl-C before training begins ends the run at once (exit 130), even where the shell started
     # this process with SIGINT ignored (a background job of a script); msf/__init__.py does the same for the
     # imports before this line. Once a device group runs, its own handler takes over (a clean stop).
-    old = signal.signal(signal.SIGINT, interrupt_before_training)
+    # A SIGTERM (scancel while a job starts) ends the start-up the same way.
+    stops = (signal.SIGINT, signal.SIGTERM)
+    old = {s: signal.signal(s, interrupt_before_training) for s in stops}
     try:
         code = _main(argv) if parsed is None else run(*parsed)
     except KeyboardInterrupt:
         # ignored from here to the exit: a second Ctrl-C (or the one a terminal sends to the whole group while
         # this process forwards its own) would otherwise break the one line below, or come as a traceback out of
         # a finalizer while the interpreter ends (torch's weakref finalizers run then)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for s in stops:
+            signal.signal(s, signal.SIG_IGN)
         remove_made_before_training()
         print(INTERRUPTED_BEFORE_TRAINING, file=sys.stderr)
         end_as_interrupted()
         return 130
-    if old is not None:  # None: not a handler set from Python
-        signal.signal(signal.SIGINT, old)
+    for s, h in old.items():
+        if h is not None:  # None: not a handler set from Python
+            signal.signal(s, h)
     return code
 
 

@@ -11,6 +11,8 @@ import torch
 
 from .conftest import SLACK_S, popen_msf, read_summary, run_msf, wait_until_training
 
+INT, TERM = signal.SIGINT, signal.SIGTERM
+
 
 @pytest.mark.parametrize(
     "flag, expected",
@@ -196,6 +198,47 @@ def test_a_signal_to_the_fork_server_is_survived_or_named(train_dir, sig):
         assert "code 255" not in error, error
 
 
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_a_sigterm_to_every_process_of_the_job_stops_it_cleanly(train_dir, nproc):
+    """Slurm's ``scancel`` (its cgroup process tracking) and systemd's control-group kill send SIGTERM to every
+    process of the job, not only to a process group: the workers (each leads a group of its own) died of it, and
+    the clean stop that the main process was making failed ("inference_worker_0 (pid N) was killed by signal
+    SIGTERM", no final checkpoint). The workers now ignore SIGTERM; msf ends them itself."""
+    p = popen_msf(
+        [
+            "--env=CartPole-v1",
+            "--experiment=all",
+            f"--train_dir={train_dir}",
+            f"--nproc_per_node={nproc}",
+            "--save_every_sec=1000",
+        ],
+        start_new_session=True,
+    )
+    try:
+        wait_until_training(train_dir / "all")
+        below = _descendants(p.pid)
+        assert len(below) >= 4 * nproc, below  # the ranks, the fork servers and the workers
+        # msf-train and its children (the ranks, multiprocessing's helpers) 1 s after the others (the fork servers,
+        # the workers): in whatever order the job's manager signals them, none may end the run
+        first = [c for c in below if _parent_of(c) != p.pid]
+        for group in (first, [c for c in below if c not in first] + [p.pid]):
+            for pid in group:
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+            if group is first:
+                time.sleep(1.0)
+                assert p.poll() is None, "the run ended: " + p.communicate()[1][-3000:]
+        out, err = p.communicate(timeout=60 + SLACK_S)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    s = read_summary(train_dir, "all")
+    assert (p.returncode, s["status"]) == (0, "stopped"), err[-3000:]
+    assert len(list((train_dir / "all" / "checkpoint_p0").glob("checkpoint_*.pth"))) == 1  # the final one
+
+
 # What a stop promises: the next agreement (one iteration), the final checkpoint, the workers' exit
 STOP_S = 5.0
 
@@ -367,17 +410,27 @@ def _environ_has(pid: int, marker: bytes) -> bool:
 @pytest.mark.parametrize(
     "nproc, tries",
     [
-        # from msf's imports (about 0.3 s in) through torch's (to about 3 s on a loaded machine) and beyond
-        (1, [(0.3, "pid"), (0.6, "pid"), (1.0, "pid"), (1.5, "group"), (2.0, "pid"), (2.5, "pid"), (3.0, "group")]),
-        (2, [(0.5, "pid"), (2.0, "group"), (3.0, "pid"), (4.0, "group"), (6.0, "pid")]),
+        # from msf's imports (about 0.3 s in) through torch's (to about 3 s on a loaded machine) and beyond; a
+        # SIGTERM only from 1 s on (before msf's first line runs, Python's default ends the process by it)
+        (
+            1,
+            [(0.3, "pid", INT), (0.6, "pid", INT), (1.0, "pid", INT), (1.5, "group", INT), (2.0, "pid", INT)]
+            + [(2.5, "pid", INT), (3.0, "group", INT), (1.0, "pid", TERM), (2.0, "group", TERM), (3.0, "pid", TERM)],
+        ),
+        (
+            2,
+            [(0.5, "pid", INT), (2.0, "group", INT), (3.0, "pid", INT), (4.0, "group", INT), (6.0, "pid", INT)]
+            + [(1.5, "group", TERM), (4.0, "pid", TERM)],
+        ),
     ],
 )
 def test_sigint_at_any_moment_of_the_start_up_ends_it_with_130_and_one_line(train_dir, nproc, tries):
-    """A SIGINT to msf-train (to its pid, or to its process group as a terminal's Ctrl-C) while it starts: exit
-    code 130 and one line, or, once the workers were being started, a clean stop before the first training step
-    (exit 0, status stopped). Before, a Ctrl-C during the imports of msf.train (0.6-0.8 s in on a loaded
-    machine) escaped as KeyboardInterrupt: a traceback and exit code -2; one during torch's import, caught, still
-    ended ``python -m msf.train`` with -2 (CPython's doing: see msf/__init__.py). Nothing is left behind: no
+    """A SIGINT to msf-train (to its pid, or to its process group as a terminal's Ctrl-C), or a SIGTERM (``kill``,
+    ``scancel``), while it starts: exit code 130 and one line, or, once the workers were being started, a clean
+    stop before the first training step (exit 0, status stopped). Before, a Ctrl-C during the imports of msf.train
+    (0.6-0.8 s in on a loaded machine) escaped as KeyboardInterrupt: a traceback and exit code -2; one during
+    torch's import, caught, still ended ``python -m msf.train`` with -2 (CPython's doing: see msf/__init__.py); a
+    SIGTERM ended it by the signal (-15) without a word and left the experiment folder. Nothing is left behind: no
     process, and after exit code 130 no experiment folder."""
     import os
     import subprocess
@@ -392,7 +445,7 @@ def test_sigint_at_any_moment_of_the_start_up_ends_it_with_130_and_one_line(trai
     env = msf_env()
     env.update([marker.split("=")])
     outcomes = []
-    for i, (delay, to) in enumerate(tries):
+    for i, (delay, to, sig) in enumerate(tries):
         p = subprocess.Popen(
             [
                 sys.executable,
@@ -415,15 +468,15 @@ def test_sigint_at_any_moment_of_the_start_up_ends_it_with_130_and_one_line(trai
         try:
             time.sleep(delay)
             if to == "group":
-                os.killpg(p.pid, signal.SIGINT)
+                os.killpg(p.pid, sig)
             else:
-                p.send_signal(signal.SIGINT)
+                p.send_signal(sig)
             _, err = p.communicate(timeout=60 + SLACK_S)
         finally:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
-        outcomes.append((delay, to, p.returncode))
-        assert p.returncode in (0, 130), (delay, to, p.returncode, err[-3000:])
+        outcomes.append((delay, to, sig.name, p.returncode))
+        assert p.returncode in (0, 130), (delay, to, sig.name, p.returncode, err[-3000:])
         for bad in ("Traceback", "KeyboardInterrupt", "EOFError", "leaked semaphore"):
             assert bad not in err, (delay, to, err[-3000:])
         exp = train_dir / f"early{i}"
@@ -444,7 +497,8 @@ def test_sigint_at_any_moment_of_the_start_up_ends_it_with_130_and_one_line(trai
         time.sleep(0.2)
     left = [int(d) for d in os.listdir("/proc") if d.isdigit() and _environ_has(int(d), marker.encode())]
     assert left == [], f"processes left behind: {left} ({outcomes})"
-    assert any(code == 130 for _, _, code in outcomes), outcomes  # the tries did land in the start-up
+    assert any(code == 130 for *_, code in outcomes), outcomes  # the tries did land in the start-up
+    assert any(code == 130 for _, _, name, code in outcomes if name == "SIGTERM"), outcomes
 
 
 def test_a_ctrl_c_inside_code_run_by_exec_still_ends_the_start_up_with_130(tmp_path):

@@ -7,7 +7,8 @@ made the clean stop that the same SIGTERM asked of it. Multiprocessing reads the
 server forked through the server, so each then read as "exited with code 255", and the stop became "a device
 group failed: inference_worker_0 (pid N) exited with code 255 unexpectedly" (status ``failed``, exit code 1).
 The server's life is its parent's: it exits when ``msf-train`` closes its end of the server's alive pipe, and
-SIGKILL still ends it. Its children take SIGTERM's default action back (:func:`msf.runtime.supervision._child_main`).
+SIGKILL still ends it. Its children ignore SIGTERM too, for the same reason, each by its own choice
+(:func:`msf.runtime.supervision._child_main`: a child started with ``spawn`` inherits nothing from here).
 """
 
 from __future__ import annotations

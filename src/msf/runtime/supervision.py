@@ -7,7 +7,7 @@ child starts in milliseconds instead of importing torch anew (~2 s of a core eac
 with 16 rollout workers on 2 cores took 26.5 s from the command with ``spawn``, 6.0 s from the fork
 server; ``benchmarks/startup.py``). A child starts as a spawned one would: its parent's environment
 variables as they are when it is started, random generators of its own, BLAS thread pools as its
-environment asks. It ignores SIGINT (only the main process decides how to stop), leads a process
+environment asks. It ignores SIGINT and SIGTERM (only the main process decides how to stop), leads a process
 group of its own (so whatever it starts, such as ViZDoom's engine processes, can be ended with it:
 :func:`stop_children`), watches its parent through multiprocessing's parent sentinel
 (:func:`parent_alive`), reports an exception as a :class:`ComponentFailure` on the failure queue,
@@ -65,7 +65,11 @@ def _child_main(
     environ: dict[str, str] | None = None,
 ) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the fork server ignores it (msf.runtime.fork_server_signals)
+    # SIGTERM too: a stop's SIGTERM reaches every process of a job where the job's manager signals them all
+    # (Slurm's scancel with its cgroup process tracking, systemd's control-group kill), and a worker that died of
+    # it failed the clean stop that the same signal asked of the main process. msf never ends a child by SIGTERM
+    # (it tells it to stop, then kills its group: stop_children), and an orphan ends itself (parent_alive).
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _as_a_fresh_process(environ or {})  # (for a spawned child: what it has already)
     if environ is not None:  # the parent's, as it was at spawn() (the fork server's is as it was when it started;
         os.environ.clear()  # and threadpoolctl's import above adds a variable)
@@ -171,8 +175,8 @@ def _lead_own_process_group() -> None:
     """Make this child the leader of a process group of its own, before it starts anything.
 
     The processes it starts join that group (ViZDoom's engines: one per env, started by the env's controller in
-    the rollout worker). When the worker dies before it closed its envs (SIGTERM, which it does not catch, at
-    the end of a stop budget; a crash), its engines are orphaned, and they wait for ever on their message
+    the rollout worker). When the worker dies before it closed its envs (killed at the end of a stop budget; a
+    crash), its engines are orphaned, and they wait for ever on their message
     queue (they catch SIGTERM, but act on it only between game tics): 43 of them were left behind by one run.
     Their group outlives the worker, so :func:`stop_children` ends them by it. The group also keeps a
     terminal's Ctrl-C (sent to the foreground group) away from the engines, which exit on SIGINT: a Ctrl-C
