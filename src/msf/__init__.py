@@ -42,6 +42,7 @@ def _end_early_interrupts_with_130() -> None:
 
     signal.signal(signal.SIGINT, interrupt_before_training)
     signal.signal(signal.SIGTERM, interrupt_before_training)
+    signal.signal(signal.SIGHUP, interrupt_before_training)
     atexit.register(_exit_130_if_interrupted)  # registered first, so it runs last (multiprocessing's runs before)
     previous = _sys.excepthook
 

@@ -36,10 +36,10 @@ given on the command line override it (with a warning), except those that fix th
 normalisers), which cannot change; --device and --nproc_per_node are taken anew at each launch. Several nodes:
 --nnodes/--node_rank/--hosts on every node, or run under torchrun, or srun inside a Slurm allocation
 (torch.distributed traffic is unauthenticated: keep it on a trusted network). Watch the run with tensorboard
---logdir TRAIN_DIR, plot it with msf-plot, evaluate it with msf-enjoy. Ctrl-C, SIGTERM or a SIGINT to this
-process (kill -INT) stops cleanly with a final checkpoint; a second Ctrl-C exits at once. Exit codes: 0 done or
-stopped, 1 failed, 2 invalid flags, 130 interrupted (a second Ctrl-C, or a Ctrl-C or SIGTERM before training
-began)."""
+--logdir TRAIN_DIR, plot it with msf-plot, evaluate it with msf-enjoy. Ctrl-C, SIGTERM, SIGHUP or a SIGINT to
+this process (kill -INT) stops cleanly with a final checkpoint; a second Ctrl-C exits at once. Exit codes: 0 done
+or stopped, 1 failed, 2 invalid flags, 130 interrupted (a second Ctrl-C, or a Ctrl-C, SIGTERM or SIGHUP before
+training began)."""
 
 
 def check_model(cfg, spaces):
@@ -191,8 +191,8 @@ def main(argv: list[str] | None = None, parsed: tuple[Config, set[str]] | None =
     # a Ctrl-C before training begins ends the run at once (exit 130), even where the shell started
     # this process with SIGINT ignored (a background job of a script); msf/__init__.py does the same for the
     # imports before this line. Once a device group runs, its own handler takes over (a clean stop).
-    # A SIGTERM (scancel while a job starts) ends the start-up the same way.
-    stops = (signal.SIGINT, signal.SIGTERM)
+    # A SIGTERM (scancel while a job starts) or a SIGHUP (the terminal closed) ends the start-up the same way.
+    stops = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     old = {s: signal.signal(s, interrupt_before_training) for s in stops}
     try:
         code = _main(argv) if parsed is None else run(*parsed)

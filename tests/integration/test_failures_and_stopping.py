@@ -239,6 +239,34 @@ def test_a_sigterm_to_every_process_of_the_job_stops_it_cleanly(train_dir, nproc
     assert len(list((train_dir / "all" / "checkpoint_p0").glob("checkpoint_*.pth"))) == 1  # the final one
 
 
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_a_sighup_to_the_process_group_stops_cleanly(train_dir, nproc):
+    """A closed terminal or a dropped ssh session sends SIGHUP to the foreground process group: it ended the run at
+    once (exit code 129, no summary, no final checkpoint) and multiprocessing's resource tracker, killed with it,
+    printed a ``KeyError`` traceback per semaphore. It is a stop now, as SIGTERM is."""
+    p = popen_msf(
+        [
+            "--env=CartPole-v1",
+            "--experiment=hup",
+            f"--train_dir={train_dir}",
+            f"--nproc_per_node={nproc}",
+            "--save_every_sec=1000",
+        ],
+        start_new_session=True,
+    )
+    try:
+        wait_until_training(train_dir / "hup")
+        os.killpg(p.pid, signal.SIGHUP)
+        out, err = p.communicate(timeout=60 + SLACK_S)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    s = read_summary(train_dir, "hup")
+    assert (p.returncode, s["status"]) == (0, "stopped"), err[-3000:]
+    assert len(list((train_dir / "hup" / "checkpoint_p0").glob("checkpoint_*.pth"))) == 1  # the final one
+    assert "Traceback" not in err, err[-3000:]
+
+
 # What a stop promises: the next agreement (one iteration), the final checkpoint, the workers' exit
 STOP_S = 5.0
 

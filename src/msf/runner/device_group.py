@@ -83,8 +83,10 @@ def failure_line(e: BaseException) -> str:
 
 
 class _SignalHandler:
-    """First SIGINT/SIGTERM: stop cleanly (final checkpoint). Second SIGINT: exit at once. A SIGTERM after the
-    first signal changes nothing.
+    """First SIGINT/SIGTERM/SIGHUP: stop cleanly (final checkpoint). Second SIGINT: exit at once. A SIGTERM or
+    SIGHUP after the first signal changes nothing. (SIGHUP: a closed terminal or a dropped ssh session; by default
+    it ended the run at once, with no final checkpoint and a traceback per lost semaphore from multiprocessing's
+    resource tracker.)
 
     Installed (over whatever the process inherited: a script's background job starts with SIGINT ignored) just
     before the workers are spawned, so that no signal can cut a spawn short (a child then found its start-up data
@@ -98,7 +100,7 @@ class _SignalHandler:
     def __init__(self) -> None:
         self.loop: TrainingLoop | None = None
         self.count = 0
-        self.old = {s: signal.signal(s, self) for s in (signal.SIGINT, signal.SIGTERM)}
+        self.old = {s: signal.signal(s, self) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
 
     def attach(self, loop: TrainingLoop) -> None:
         """The training loop exists: a stop asked for before is passed on now."""

@@ -248,7 +248,7 @@ class _NodeSignals:
         self.procs: list[Any] = []
         self.errors: Any = None
         self.count = 0
-        self.old = {s: signal.signal(s, self) for s in (signal.SIGINT, signal.SIGTERM)}
+        self.old = {s: signal.signal(s, self) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
 
     def watch(self, procs: list[Any], errors: Any) -> None:
         """The ranks have been spawned: pass on a stop that came while they were."""

@@ -7,7 +7,7 @@ child starts in milliseconds instead of importing torch anew (~2 s of a core eac
 with 16 rollout workers on 2 cores took 26.5 s from the command with ``spawn``, 6.0 s from the fork
 server; ``benchmarks/startup.py``). A child starts as a spawned one would: its parent's environment
 variables as they are when it is started, random generators of its own, BLAS thread pools as its
-environment asks. It ignores SIGINT and SIGTERM (only the main process decides how to stop), leads a process
+environment asks. It ignores SIGINT, SIGTERM and SIGHUP (only the main process decides how to stop), leads a process
 group of its own (so whatever it starts, such as ViZDoom's engine processes, can be ended with it:
 :func:`stop_children`), watches its parent through multiprocessing's parent sentinel
 (:func:`parent_alive`), reports an exception as a :class:`ComponentFailure` on the failure queue,
@@ -70,6 +70,8 @@ def _child_main(
     # it failed the clean stop that the same signal asked of the main process. msf never ends a child by SIGTERM
     # (it tells it to stop, then kills its group: stop_children), and an orphan ends itself (parent_alive).
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # and SIGHUP (a closed terminal, an ssh session that dropped: the stop is the main process's to make)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     _as_a_fresh_process(environ or {})  # (for a spawned child: what it has already)
     if environ is not None:  # the parent's, as it was at spawn() (the fork server's is as it was when it started;
         os.environ.clear()  # and threadpoolctl's import above adds a variable)
@@ -271,7 +273,8 @@ _QUIET: list[str] = []
 
 
 def use_quiet_executable() -> None:
-    """Start spawned children through a two-line ``sh`` script that ignores SIGINT and then runs this Python.
+    """Start spawned children through a two-line ``sh`` script that ignores SIGINT and SIGHUP and then runs this
+    Python.
 
     An ignored signal stays ignored across ``exec``, and Python then leaves it so: a child ignores a Ctrl-C
     (which a terminal sends to the whole process group) from its first instruction, not only once
@@ -286,7 +289,7 @@ def use_quiet_executable() -> None:
     import sys
     import tempfile
 
-    text = f"#!/bin/sh\ntrap '' INT\nexec {shlex.quote(sys.executable)} \"$@\"\n"
+    text = f"#!/bin/sh\ntrap '' INT HUP\nexec {shlex.quote(sys.executable)} \"$@\"\n"
     digest = hashlib.sha1(text.encode()).hexdigest()[:12]
     path = os.path.join(tempfile.gettempdir(), f"msf-python-{os.getuid()}-{digest}.sh")
     if not os.path.exists(path):
@@ -576,7 +579,8 @@ def end_orphans(timeout_s: float, keep: set[int] = frozenset()) -> dict[int, lis
         pid -> command line of every process that had to be killed (see :func:`stop_children`).
     """
     me, own_group = os.getpid(), os.getpgid(0)
-    deadline = time.monotonic() + timeout_s
+    t0 = time.monotonic()
+    deadline = t0 + timeout_s
     groups: set[int] = set()
     noted = False
     while True:
@@ -589,9 +593,15 @@ def end_orphans(timeout_s: float, keep: set[int] = frozenset()) -> dict[int, lis
         groups |= {e.pgid for e in orphans if e.pgid != own_group}
         if not live or time.monotonic() >= deadline:
             break
-        if not noted:
+        # noted only after 2 s: the fork servers of ranks that ended cleanly are re-parented here and exit
+        # within ~1 s by themselves, and the line ("a lost device group") came with every clean stop
+        if not noted and time.monotonic() - t0 >= 2.0:
             noted = True
-            log.info("waiting up to %.0f s for %d process(es) of a lost device group to stop", timeout_s, len(live))
+            log.info(
+                "waiting up to %.0f s more for %d process(es) of a lost device group to stop",
+                deadline - time.monotonic(),
+                len(live),
+            )
         time.sleep(0.2)
     seen: dict[int, list[str]] = {}
     if live:
