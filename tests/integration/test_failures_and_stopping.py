@@ -198,22 +198,26 @@ def test_a_signal_to_the_fork_server_is_survived_or_named(train_dir, sig):
         assert "code 255" not in error, error
 
 
+def _start_in_own_session(train_dir, name: str, nproc: int):
+    """A CartPole run on ``nproc`` device groups in a session (and process group) of its own, with no periodic
+    checkpoint (the one found at the end is the final one)."""
+    args = ["--env=CartPole-v1", f"--experiment={name}", f"--train_dir={train_dir}", f"--nproc_per_node={nproc}"]
+    return popen_msf([*args, "--save_every_sec=1000"], start_new_session=True)
+
+
+def _assert_stopped_with_a_final_checkpoint(train_dir, name: str, code: int, err: str) -> None:
+    s = read_summary(train_dir, name)
+    assert (code, s["status"]) == (0, "stopped"), err[-3000:]
+    assert len(list((train_dir / name / "checkpoint_p0").glob("checkpoint_*.pth"))) == 1  # the final one
+
+
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_a_sigterm_to_every_process_of_the_job_stops_it_cleanly(train_dir, nproc):
     """Slurm's ``scancel`` (its cgroup process tracking) and systemd's control-group kill send SIGTERM to every
     process of the job, not only to a process group: the workers (each leads a group of its own) died of it, and
     the clean stop that the main process was making failed ("inference_worker_0 (pid N) was killed by signal
     SIGTERM", no final checkpoint). The workers now ignore SIGTERM; msf ends them itself."""
-    p = popen_msf(
-        [
-            "--env=CartPole-v1",
-            "--experiment=all",
-            f"--train_dir={train_dir}",
-            f"--nproc_per_node={nproc}",
-            "--save_every_sec=1000",
-        ],
-        start_new_session=True,
-    )
+    p = _start_in_own_session(train_dir, "all", nproc)
     try:
         wait_until_training(train_dir / "all")
         below = _descendants(p.pid)
@@ -234,9 +238,7 @@ def test_a_sigterm_to_every_process_of_the_job_stops_it_cleanly(train_dir, nproc
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
-    s = read_summary(train_dir, "all")
-    assert (p.returncode, s["status"]) == (0, "stopped"), err[-3000:]
-    assert len(list((train_dir / "all" / "checkpoint_p0").glob("checkpoint_*.pth"))) == 1  # the final one
+    _assert_stopped_with_a_final_checkpoint(train_dir, "all", p.returncode, err)
 
 
 @pytest.mark.parametrize("nproc", [1, 2])
@@ -244,16 +246,7 @@ def test_a_sighup_to_the_process_group_stops_cleanly(train_dir, nproc):
     """A closed terminal or a dropped ssh session sends SIGHUP to the foreground process group: it ended the run at
     once (exit code 129, no summary, no final checkpoint) and multiprocessing's resource tracker, killed with it,
     printed a ``KeyError`` traceback per semaphore. It is a stop now, as SIGTERM is."""
-    p = popen_msf(
-        [
-            "--env=CartPole-v1",
-            "--experiment=hup",
-            f"--train_dir={train_dir}",
-            f"--nproc_per_node={nproc}",
-            "--save_every_sec=1000",
-        ],
-        start_new_session=True,
-    )
+    p = _start_in_own_session(train_dir, "hup", nproc)
     try:
         wait_until_training(train_dir / "hup")
         os.killpg(p.pid, signal.SIGHUP)
@@ -261,9 +254,7 @@ def test_a_sighup_to_the_process_group_stops_cleanly(train_dir, nproc):
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
-    s = read_summary(train_dir, "hup")
-    assert (p.returncode, s["status"]) == (0, "stopped"), err[-3000:]
-    assert len(list((train_dir / "hup" / "checkpoint_p0").glob("checkpoint_*.pth"))) == 1  # the final one
+    _assert_stopped_with_a_final_checkpoint(train_dir, "hup", p.returncode, err)
     assert "Traceback" not in err, err[-3000:]
 
 
