@@ -1,11 +1,17 @@
 """multi-sample-factory: asynchronous PPO (APPO) with a data-parallel learner."""
 
+import signal as _signal
 import sys as _sys
 
 __version__ = "0.1.0"
 
+STOP_SIGNALS = (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP)
+"""The signals that stop ``msf-train``: cleanly (a final checkpoint) once training runs, with
+:data:`INTERRUPTED_BEFORE_TRAINING` before. SIGTERM: ``kill``, Slurm's ``scancel``; SIGHUP: a closed terminal, a
+dropped ssh session."""
+
 INTERRUPTED_BEFORE_TRAINING = "msf-train: interrupted before training began: nothing was trained or saved"
-"""The one line ``msf-train`` prints when a SIGINT or SIGTERM ends it before training began (exit code 130)."""
+"""The one line ``msf-train`` prints when one of :data:`STOP_SIGNALS` ends it before training began (exit code 130)."""
 
 
 def _is_msf_train() -> bool:
@@ -26,7 +32,7 @@ def _is_msf_train() -> bool:
 
 def _end_early_interrupts_with_130() -> None:
     """From msf's first line, a SIGINT (also where the parent left it ignored, as a script's background job
-    inherits it) or a SIGTERM ends ``msf-train`` with :data:`INTERRUPTED_BEFORE_TRAINING` and exit code 130.
+    inherits it), a SIGTERM or a SIGHUP ends ``msf-train`` with :data:`INTERRUPTED_BEFORE_TRAINING` and exit code 130.
     (A SIGTERM in the start-up ended it by the signal, exit code 143 without a word, and left the experiment
     folder with its ``config.json``: a ``scancel`` while a job starts, or a ``kill`` of a run that is slow to
     start.)
@@ -40,9 +46,8 @@ def _end_early_interrupts_with_130() -> None:
     import os
     import signal
 
-    signal.signal(signal.SIGINT, interrupt_before_training)
-    signal.signal(signal.SIGTERM, interrupt_before_training)
-    signal.signal(signal.SIGHUP, interrupt_before_training)
+    for s in STOP_SIGNALS:
+        signal.signal(s, interrupt_before_training)
     atexit.register(_exit_130_if_interrupted)  # registered first, so it runs last (multiprocessing's runs before)
     previous = _sys.excepthook
 
@@ -91,7 +96,7 @@ def _importing() -> bool:
 
 
 def interrupt_before_training(signum: int, frame: object) -> None:
-    """The SIGINT and SIGTERM handler of ``msf-train`` until a device group runs: ``KeyboardInterrupt``, as
+    """The handler of :data:`STOP_SIGNALS` in ``msf-train`` until a device group runs: ``KeyboardInterrupt``, as
     Python's own for SIGINT, except while a module is being imported: then :data:`INTERRUPTED_BEFORE_TRAINING`
     and exit code 130 at once.
 

@@ -183,6 +183,7 @@ def main(argv: list[str] | None = None, parsed: tuple[Config, set[str]] | None =
 
     from msf import (
         INTERRUPTED_BEFORE_TRAINING,
+        STOP_SIGNALS,
         end_as_interrupted,
         interrupt_before_training,
         remove_made_before_training,
@@ -192,15 +193,14 @@ def main(argv: list[str] | None = None, parsed: tuple[Config, set[str]] | None =
     # this process with SIGINT ignored (a background job of a script); msf/__init__.py does the same for the
     # imports before this line. Once a device group runs, its own handler takes over (a clean stop).
     # A SIGTERM (scancel while a job starts) or a SIGHUP (the terminal closed) ends the start-up the same way.
-    stops = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    old = {s: signal.signal(s, interrupt_before_training) for s in stops}
+    old = {s: signal.signal(s, interrupt_before_training) for s in STOP_SIGNALS}
     try:
         code = _main(argv) if parsed is None else run(*parsed)
     except KeyboardInterrupt:
         # ignored from here to the exit: a second Ctrl-C (or the one a terminal sends to the whole group while
         # this process forwards its own) would otherwise break the one line below, or come as a traceback out of
         # a finalizer while the interpreter ends (torch's weakref finalizers run then)
-        for s in stops:
+        for s in STOP_SIGNALS:
             signal.signal(s, signal.SIG_IGN)
         remove_made_before_training()
         print(INTERRUPTED_BEFORE_TRAINING, file=sys.stderr)

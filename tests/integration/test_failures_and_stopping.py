@@ -160,6 +160,19 @@ def test_signal_stops_cleanly_with_final_checkpoint(train_dir, sig):
     assert torch.load(ckpts[-1], weights_only=True)["env_steps"] == s["env_steps"]
 
 
+def _start_in_own_session(train_dir, name: str, nproc: int):
+    """A CartPole run on ``nproc`` device groups in a session (and process group) of its own, with no periodic
+    checkpoint (the one found at the end is the final one)."""
+    args = ["--env=CartPole-v1", f"--experiment={name}", f"--train_dir={train_dir}", f"--nproc_per_node={nproc}"]
+    return popen_msf([*args, "--save_every_sec=1000"], start_new_session=True)
+
+
+def _assert_stopped_with_a_final_checkpoint(train_dir, name: str, code: int, err: str) -> None:
+    s = read_summary(train_dir, name)
+    assert (code, s["status"]) == (0, "stopped"), err[-3000:]
+    assert len(list((train_dir / name / "checkpoint_p0").glob("checkpoint_*.pth"))) == 1  # the final one
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
 def test_a_signal_to_the_fork_server_is_survived_or_named(train_dir, sig):
     """The workers' fork server is in msf-train's process group, so a SIGTERM to the group (Slurm's ``scancel`` of
@@ -169,10 +182,7 @@ def test_a_signal_to_the_fork_server_is_survived_or_named(train_dir, sig):
     cause instead of the workers' exit code 255."""
     from msf.runtime.supervision import command_line
 
-    p = popen_msf(
-        ["--env=CartPole-v1", "--experiment=fs", f"--train_dir={train_dir}", "--save_every_sec=1000"],
-        start_new_session=True,
-    )
+    p = _start_in_own_session(train_dir, "fs", 1)
     try:
         wait_until_training(train_dir / "fs")
         servers = [c for c in _descendants(p.pid) if any("forkserver import main" in a for a in command_line(c))]
@@ -187,28 +197,13 @@ def test_a_signal_to_the_fork_server_is_survived_or_named(train_dir, sig):
     finally:
         if p.poll() is None:
             p.kill()
-    s = read_summary(train_dir, "fs")
     if sig == signal.SIGTERM:
-        assert (p.returncode, s["status"]) == (0, "stopped"), err[-3000:]
-        assert len(list((train_dir / "fs" / "checkpoint_p0").glob("checkpoint_*.pth"))) == 1  # the final one
+        _assert_stopped_with_a_final_checkpoint(train_dir, "fs", p.returncode, err)
     else:
-        assert (p.returncode, s["status"]) == (1, "failed"), err[-3000:]
+        assert (p.returncode, read_summary(train_dir, "fs")["status"]) == (1, "failed"), err[-3000:]
         error = [ln for ln in err.splitlines() if ln.startswith("msf-train: ")][-1]
         assert f"was lost with the workers' fork server (pid {server[0]}), which died" in error, error
         assert "code 255" not in error, error
-
-
-def _start_in_own_session(train_dir, name: str, nproc: int):
-    """A CartPole run on ``nproc`` device groups in a session (and process group) of its own, with no periodic
-    checkpoint (the one found at the end is the final one)."""
-    args = ["--env=CartPole-v1", f"--experiment={name}", f"--train_dir={train_dir}", f"--nproc_per_node={nproc}"]
-    return popen_msf([*args, "--save_every_sec=1000"], start_new_session=True)
-
-
-def _assert_stopped_with_a_final_checkpoint(train_dir, name: str, code: int, err: str) -> None:
-    s = read_summary(train_dir, name)
-    assert (code, s["status"]) == (0, "stopped"), err[-3000:]
-    assert len(list((train_dir / name / "checkpoint_p0").glob("checkpoint_*.pth"))) == 1  # the final one
 
 
 @pytest.mark.parametrize("nproc", [1, 2])

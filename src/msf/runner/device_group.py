@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 import msf
+from msf import STOP_SIGNALS
 from msf.cfg.config import Config, Derived
 from msf.distributed.collectives import collectives_of
 from msf.distributed.topology import RankInfo, split_evenly
@@ -100,7 +101,7 @@ class _SignalHandler:
     def __init__(self) -> None:
         self.loop: TrainingLoop | None = None
         self.count = 0
-        self.old = {s: signal.signal(s, self) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        self.old = {s: signal.signal(s, self) for s in STOP_SIGNALS}
 
     def attach(self, loop: TrainingLoop) -> None:
         """The training loop exists: a stop asked for before is passed on now."""

@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from msf import STOP_SIGNALS
 from msf.cfg.config import Config
 from msf.cfg.validation import ConfigError
 from msf.distributed.nodes import NodePlan
@@ -248,7 +249,7 @@ class _NodeSignals:
         self.procs: list[Any] = []
         self.errors: Any = None
         self.count = 0
-        self.old = {s: signal.signal(s, self) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        self.old = {s: signal.signal(s, self) for s in STOP_SIGNALS}
 
     def watch(self, procs: list[Any], errors: Any) -> None:
         """The ranks have been spawned: pass on a stop that came while they were."""

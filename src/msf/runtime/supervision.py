@@ -354,12 +354,8 @@ def _lost_fork_server(p: mp.Process) -> int | None:
     pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
     if pid is None:
         return None
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            running = f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        running = False
-    return None if running else pid
+    entry = process_entry(pid)
+    return None if entry is not None and entry.state != "Z" else pid
 
 
 def check_children(procs: list[mp.Process]) -> None:
@@ -401,17 +397,22 @@ def process_table() -> list[ProcessEntry]:
     except OSError:
         return out
     for d in names:
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/stat", "rb") as f:
-                stat = f.read().decode(errors="replace")
-            # the command name (2nd field) may hold spaces and parentheses: the fields after it follow the last ")"
-            rest = stat[stat.rindex(")") + 2 :].split()
-            out.append(ProcessEntry(int(d), int(rest[1]), int(rest[2]), int(rest[3]), rest[0]))
-        except (OSError, ValueError, IndexError):  # gone meanwhile
-            continue
+        entry = process_entry(int(d)) if d.isdigit() else None
+        if entry is not None:
+            out.append(entry)
     return out
+
+
+def process_entry(pid: int) -> ProcessEntry | None:
+    """``pid``'s line of the process table, from ``/proc/<pid>/stat`` (None: gone, or no ``/proc``)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode(errors="replace")
+        # the command name (2nd field) may hold spaces and parentheses: the fields after it follow the last ")"
+        rest = stat[stat.rindex(")") + 2 :].split()
+        return ProcessEntry(pid, int(rest[1]), int(rest[2]), int(rest[3]), rest[0])
+    except (OSError, ValueError, IndexError):  # gone meanwhile
+        return None
 
 
 def command_line(pid: int) -> list[str]:
