@@ -226,13 +226,8 @@ def test_doom_renders_at_sample_factorys_resolution(tmp_path, monkeypatch, flags
     assert env_spaces("doom_basic", env_config_of(cfg)).obs_shape == shape
 
 
-@pytest.mark.slow
-def test_learner_threads_are_chosen_once_from_the_measured_load(train_dir):
-    """--learner_threads=0: 30 s in, the learner sets its threads once from its workers' measured waiting,
-    by the rule of ``auto_learner_threads`` applied to the figures the log reports."""
-    import re
-
-    _skip_without_extra("atari_pong")
+def _threads_run(train_dir, extra: list[str]) -> str:
+    """A 45-s atari_pong run with --learner_threads=0 (past the 30-s retune); its log."""
     r = run_msf(
         [
             "--env=atari_pong",
@@ -245,11 +240,38 @@ def test_learner_threads_are_chosen_once_from_the_measured_load(train_dir):
             "--num_epochs=2",
             "--experiment_summaries_interval=5",
             "--train_for_seconds=45",
+            *extra,
         ],
         timeout=240,
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    log = (train_dir / "thr" / "log.txt").read_text()
+    return (train_dir / "thr" / "log.txt").read_text()
+
+
+@pytest.mark.slow
+def test_a_synchronous_learner_takes_the_cores_the_waiting_workers_leave(train_dir):
+    """--learner_threads=0 with --async_rl=False (the Atari family's default, as in Sample Factory): the workers
+    wait while the learner trains, so it has all the cores from the start and keeps them (no retune at 30 s)."""
+    import re
+
+    _skip_without_extra("atari_pong")
+    log = _threads_run(train_dir, [])
+    cores = len(os.sched_getaffinity(0))
+    assert re.findall(r"learner: (\d+) torch thread\(s\) \(--learner_threads=0 with --async_rl=False", log) == [
+        str(cores)
+    ], log[-3000:]
+    assert "torch thread(s) from now on" not in log
+    assert read_summary(train_dir, "thr")["async_rl"] is False
+
+
+@pytest.mark.slow
+def test_learner_threads_are_chosen_once_from_the_measured_load(train_dir):
+    """--learner_threads=0, asynchronous: 30 s in, the learner sets its threads once from its workers' measured
+    waiting, by the rule of ``auto_learner_threads`` applied to the figures the log reports."""
+    import re
+
+    _skip_without_extra("atari_pong")
+    log = _threads_run(train_dir, ["--async_rl=True"])
     cores = len(os.sched_getaffinity(0))
     start = re.findall(r"learner: (\d+) torch thread\(s\) \(--learner_threads=0: chosen again", log)
     assert start == [str(max(1, cores - 3))]  # 2 rollout workers + 1 inference worker hold a core each

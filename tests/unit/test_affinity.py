@@ -86,16 +86,21 @@ def test_niceness_is_raised_by_offsets_and_lowered_only_with_privileges():
 
 
 @pytest.mark.parametrize(
-    "flag, workers, inference, nproc, cores, want",
+    "flag, workers, inference, nproc, cores, sync, want",
     [
-        (0, 2, 1, 1, 2, 1),  # 2 cores, 2 workers + 1 inference worker: none spare, still 1
-        (2, 2, 1, 1, 2, 2),  # given: taken as is
-        (0, 4, 2, 2, 16, 5),  # 16 - (4 + 2) = 10 spare, 2 replicas
-        (0, 4, 4, 1, 16, 8),  # 2 policies x 2 inference workers
+        (0, 2, 1, 1, 2, False, 1),  # 2 cores, 2 workers + 1 inference worker: none spare, still 1
+        (2, 2, 1, 1, 2, False, 2),  # given: taken as is
+        (0, 4, 2, 2, 16, False, 5),  # 16 - (4 + 2) = 10 spare, 2 replicas
+        (0, 4, 4, 1, 16, False, 8),  # 2 policies x 2 inference workers
+        # --async_rl=False: the workers wait while the learner trains, which gets its whole share of the cores
+        (0, 2, 1, 1, 2, True, 2),
+        (0, 4, 2, 2, 16, True, 8),
+        (0, 4, 2, 4, 2, True, 1),  # a share of half a core: still 1
+        (1, 2, 1, 1, 2, True, 1),  # given (--deterministic gives 1): taken as is
     ],
 )
-def test_learner_threads_at_the_start(flag, workers, inference, nproc, cores, want):
-    assert learner_threads(flag, workers, inference, nproc, cores) == want
+def test_learner_threads_at_the_start(flag, workers, inference, nproc, cores, sync, want):
+    assert learner_threads(flag, workers, inference, nproc, cores, synchronous=sync) == want
 
 
 @pytest.mark.parametrize(

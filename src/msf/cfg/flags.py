@@ -167,7 +167,8 @@ class SamplingFlags:
         "torch threads of each learner replica. 0: start with the cores left when every rollout and inference "
         "worker of the node holds one (at least 1), then, at the first summary 30 s in, set them once from the "
         "measured load: the replica's share of the cores minus what its workers kept busy (kept when the "
-        "learner waits > 10%%)",
+        "learner waits > 10%%); with --async_rl=False, the replica's share of the cores (the workers wait while it "
+        "trains)",
     )
     set_workers_cpu_affinity: bool = flag(
         True,

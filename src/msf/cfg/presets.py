@@ -27,3 +27,27 @@ SMALL_ENV_FLAGS = [
     "--reward_scale=0.1",
     "--num_batches_to_accumulate=1",
 ]
+
+# Atari on a small machine (a few cores, no GPU; README, "Settings for Atari on a small machine"): Sample Factory's
+# Atari arguments (8 envs, rollout 128, 4 minibatches of 256, lr 2.5e-4, clip 0.1, entropy 0.01, grad norm 0.5)
+# with two epochs instead of four and asynchronous collection instead of the family's --async_rl=False. On 2 cores
+# the learner is the slow stage: four epochs cost ~3 of the ~3.7 core-ms per env step, and synchronous collection
+# leaves the cores idle while it trains (Pong: 804 frames/s with 4 epochs, asynchronous; 1,811 with 2; 1,041 with 2,
+# synchronous; benchmarks/README.md, 2026-12-03). A constant learning rate: the run ends at a score
+# (--stop_at_return_mean), not at a budget that a linear decay would need to know.
+ATARI_SMALL_MACHINE_FLAGS = [
+    "--num_workers=2",
+    "--num_envs_per_worker=4",
+    "--encoder_conv_architecture=convnet_atari",
+    "--nonlinearity=relu",
+    "--exploration_loss_coeff=0.01",
+    "--batch_size=256",
+    "--rollout=128",
+    "--max_grad_norm=0.5",
+    "--num_epochs=2",
+    "--num_batches_per_epoch=4",
+    "--learning_rate=0.00025",
+    "--lr_schedule=constant",
+    "--adam_eps=1e-5",
+    "--async_rl=True",
+]

@@ -358,14 +358,16 @@ def _set_learner_process(cfg: Config, rank: RankInfo) -> None:
             cfg.policy_workers_per_policy * cfg.num_policies * rank.nproc_per_node,
             rank.nproc_per_node,
             len(usable_cores()),
+            synchronous=not cfg.async_rl,
         )
     )
-    log.info(
-        "learner: %d torch thread(s) (--learner_threads=%d%s)",
-        torch.get_num_threads(),
-        cfg.learner_threads,
-        ": chosen again from the measured load after 30 s" if cfg.learner_threads == 0 else "",
-    )
+    if cfg.learner_threads != 0:
+        how = ""
+    elif cfg.async_rl:
+        how = ": chosen again from the measured load after 30 s"
+    else:
+        how = " with --async_rl=False: this replica's share of the cores, as the workers wait while it trains"
+    log.info("learner: %d torch thread(s) (--learner_threads=%d%s)", torch.get_num_threads(), cfg.learner_threads, how)
 
 
 def _make_learners(

@@ -372,8 +372,10 @@ class Reporter:
 
     def _tune_learner_threads(self) -> None:
         """``--learner_threads=0``: once, at the first summary 30 s after the start, set this replica's
-        torch threads from the waiting shares measured since the summary before (:func:`retune_learner_threads`)."""
-        if self.threads_tuned or self.clock() - self.start_time < 30.0:
+        torch threads from the waiting shares measured since the summary before (:func:`retune_learner_threads`).
+        Not with ``--async_rl=False``: the learner has its share of the cores from the start
+        (:func:`msf.runtime.affinity.learner_threads`), and the workers' busy time does not overlap its own."""
+        if self.threads_tuned or not self.cfg.async_rl or self.clock() - self.start_time < 30.0:
             return
         self.threads_tuned = True
         retune_learner_threads(

@@ -91,13 +91,25 @@ def set_learner_niceness(niceness: int) -> str | None:
 
 
 def learner_threads(
-    learner_threads_flag: int, num_workers: int, inference_workers: int, nproc_per_node: int, cores: int
+    learner_threads_flag: int,
+    num_workers: int,
+    inference_workers: int,
+    nproc_per_node: int,
+    cores: int,
+    synchronous: bool = False,
 ) -> int:
     """torch threads a learner replica starts with: ``--learner_threads`` when given (> 0); otherwise the
     cores left when each of the node's ``num_workers`` rollout workers and ``inference_workers`` inference
-    workers holds one, shared by the node's ``nproc_per_node`` replicas, and at least 1."""
+    workers holds one, shared by the node's ``nproc_per_node`` replicas, and at least 1.
+
+    ``synchronous`` (``--async_rl=False``): the replica's whole share of the cores, at least 1. The workers wait
+    while the learner trains, so the cores they hold during collection are idle during training: atari_pong
+    with Sample Factory's Atari arguments on 2 cores, 894 frames/s with 2 threads against 728 with the 1 the
+    asynchronous rule gives (benchmarks/README.md, 2026-12-03)."""
     if learner_threads_flag > 0:
         return learner_threads_flag
+    if synchronous:
+        return max(1, cores // nproc_per_node)
     return max(1, (cores - num_workers - inference_workers) // nproc_per_node)
 
 

@@ -1,0 +1,31 @@
+"""The README's presets say what they change: checked against Sample Factory 2.1.1's own Atari defaults (the table
+tests/data/sf2_flags.json, generated from sample-factory itself) and msf's family defaults."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from msf.cfg.arguments import parse_args
+from msf.cfg.presets import ATARI_SMALL_MACHINE_FLAGS
+from msf.envs.families import apply_family_defaults
+
+SF_ATARI = json.loads((Path(__file__).resolve().parents[1] / "data" / "sf2_flags.json").read_text())["family_defaults"][
+    "atari_"
+]
+
+
+def test_the_atari_small_machine_preset_is_sample_factorys_atari_arguments_but_epochs_async_and_lr_schedule():
+    """presets.py: Sample Factory's Atari arguments with 2 epochs (not 4), asynchronous collection (not
+    --async_rl=False) and a constant lr (not a linear decay), on 2 workers x 4 envs (8 envs, as SF's 8 x 1)."""
+    cfg, given = parse_args(["--env=atari_pong", *ATARI_SMALL_MACHINE_FLAGS])
+    cfg = apply_family_defaults(cfg, given)
+    changed = {k: (v, getattr(cfg, k)) for k, v in SF_ATARI.items() if getattr(cfg, k) != v}
+    assert changed == {
+        "num_epochs": (4, 2),
+        "async_rl": (False, True),
+        "lr_schedule": ("linear_decay", "constant"),
+        "num_workers": (8, 2),
+        "num_envs_per_worker": (1, 4),
+    }
+    assert cfg.num_workers * cfg.num_envs_per_worker == SF_ATARI["num_workers"] * SF_ATARI["num_envs_per_worker"]
