@@ -28,13 +28,14 @@ SMALL_ENV_FLAGS = [
     "--num_batches_to_accumulate=1",
 ]
 
-# Atari on a small machine (a few cores, no GPU; README, "Settings for Atari on a small machine"): Sample Factory's
-# Atari arguments (8 envs, rollout 128, 4 minibatches of 256, lr 2.5e-4, clip 0.1, entropy 0.01, grad norm 0.5)
-# with two epochs instead of four and asynchronous collection instead of the family's --async_rl=False. On 2 cores
-# the learner is the slow stage: four epochs cost ~3 of the ~3.7 core-ms per env step, and synchronous collection
-# leaves the cores idle while it trains (Pong: 804 frames/s with 4 epochs, asynchronous; 1,811 with 2; 1,041 with 2,
-# synchronous; benchmarks/README.md, 2026-12-03). A constant learning rate: the run ends at a score
-# (--stop_at_return_mean), not at a budget that a linear decay would need to know.
+# Atari on a small machine (a few CPU cores; README, "Settings for Atari on a small machine"): Sample Factory's Atari
+# arguments (8 envs, rollout 128, 4 minibatches of 256, lr 2.5e-4, entropy 0.01, grad norm 0.5; clip 0.1 and the rest
+# from the family defaults) with two epochs instead of four, asynchronous collection instead of the family's
+# --async_rl=False, and a constant lr (the run ends at a score, --stop_at_return_mean, not at a budget that a linear
+# decay would need to know). On 2 cores the learner is the slow stage, and four epochs are most of its work:
+# atari_pong trained at 894 frames/s with Sample Factory's arguments, 908 with them asynchronous, 1,811 with this
+# preset, the same day (benchmarks/README.md, 2026-12-03). It needs more frames to +15 (2.48M, seed 0, against
+# ~1.9M with four epochs) and less wall time (1,421 s from the command's start).
 ATARI_SMALL_MACHINE_FLAGS = [
     "--num_workers=2",
     "--num_envs_per_worker=4",
