@@ -41,26 +41,12 @@ import sys
 import tempfile
 import time
 
+from msf.cfg.presets import SF_ATARI_FLAGS
+
 PEERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "peers")
 
 WORKLOADS = {
-    "atari_pong": [
-        "--env=atari_pong",
-        "--num_workers=2",
-        "--num_envs_per_worker=4",
-        "--encoder_conv_architecture=convnet_atari",
-        "--nonlinearity=relu",
-        "--exploration_loss_coeff=0.01",
-        "--batch_size=256",
-        "--rollout=128",
-        "--max_grad_norm=0.5",
-        "--num_epochs=4",
-        "--num_batches_per_epoch=4",
-        "--learning_rate=0.00025",
-        "--lr_schedule=linear_decay",
-        "--adam_eps=1e-5",
-        "--seed=0",
-    ],
+    "atari_pong": ["--env=atari_pong", *SF_ATARI_FLAGS, "--seed=0"],
     "doom_basic": [
         "--env=doom_basic",
         "--num_workers=2",

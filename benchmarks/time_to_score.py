@@ -9,8 +9,8 @@ the median over the seeds. A preset changes the work per sample, so presets are 
 never on frames/s.
 
 ``--preset atari_small`` runs ``msf.cfg.presets.ATARI_SMALL_MACHINE_FLAGS``; ``--preset families`` runs
-``families.py``'s atari_pong flags (Sample Factory's Atari defaults as msf flags); more msf-train flags after
-``--`` are added to either and win.
+``msf.cfg.presets.SF_ATARI_FLAGS`` (families.py's atari_pong flags: Sample Factory's Atari arguments as msf flags);
+more msf-train flags after ``--`` are added to either and win.
 
 Usage: python benchmarks/time_to_score.py [--env atari_pong] [--score 15] [--preset atari_small] [--seeds 0 1 2]
        [--cap 1500] [-- extra msf-train flags]
@@ -30,13 +30,11 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from families import WORKLOADS  # noqa: E402
-
-from msf.cfg.presets import ATARI_SMALL_MACHINE_FLAGS  # noqa: E402
+from msf.cfg.presets import ATARI_SMALL_MACHINE_FLAGS, SF_ATARI_FLAGS  # noqa: E402
 
 PRESETS = {
     "atari_small": ATARI_SMALL_MACHINE_FLAGS,
-    "families": [f for f in WORKLOADS["atari_pong"] if not f.startswith(("--env=", "--seed="))],
+    "families": SF_ATARI_FLAGS,
 }
 
 

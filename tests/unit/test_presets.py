@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from msf.cfg.arguments import parse_args
-from msf.cfg.presets import ATARI_SMALL_MACHINE_FLAGS
+from msf.cfg.presets import ATARI_SMALL_MACHINE_FLAGS, SF_ATARI_FLAGS
 from msf.envs.families import apply_family_defaults
 
 SF_ATARI = json.loads((Path(__file__).resolve().parents[1] / "data" / "sf2_flags.json").read_text())["family_defaults"][
@@ -29,3 +29,11 @@ def test_the_atari_small_machine_preset_is_sample_factorys_atari_arguments_but_e
         "num_envs_per_worker": (1, 4),
     }
     assert cfg.num_workers * cfg.num_envs_per_worker == SF_ATARI["num_workers"] * SF_ATARI["num_envs_per_worker"]
+
+
+def test_sample_factorys_atari_flags_differ_from_its_atari_defaults_only_in_the_worker_counts():
+    """SF_ATARI_FLAGS (what families.py runs beside Sample Factory 2) are its Atari defaults, on 2 x 4 envs."""
+    cfg, given = parse_args(["--env=atari_pong", *SF_ATARI_FLAGS])
+    cfg = apply_family_defaults(cfg, given)
+    changed = {k: (v, getattr(cfg, k)) for k, v in SF_ATARI.items() if getattr(cfg, k) != v}
+    assert changed == {"num_workers": (8, 2), "num_envs_per_worker": (1, 4)}
