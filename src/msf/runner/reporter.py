@@ -128,7 +128,9 @@ class Reporter:
         self.summary_frames: int | None = None
         # the frame count of the summary at which --stop_at_return_mean was reached (the loop sets it)
         self.target_reached_frames: int | None = None
-        self.threads_tuned = cfg.learner_threads > 0  # a given number is kept
+        # a given number is kept; a synchronous learner has its share of the cores from the start (its workers'
+        # busy time never overlaps its own: affinity.learner_threads)
+        self.threads_tuned = cfg.learner_threads > 0 or not cfg.async_rl
         # the start-up of this group's envs (:meth:`startup_progress`): seconds until every one had started
         self.envs_started_after_s: float | None = None
         self.startup_noted = start_time
@@ -372,10 +374,9 @@ class Reporter:
 
     def _tune_learner_threads(self) -> None:
         """``--learner_threads=0``: once, at the first summary 30 s after the start, set this replica's
-        torch threads from the waiting shares measured since the summary before (:func:`retune_learner_threads`).
-        Not with ``--async_rl=False``: the learner has its share of the cores from the start
-        (:func:`msf.runtime.affinity.learner_threads`), and the workers' busy time does not overlap its own."""
-        if self.threads_tuned or not self.cfg.async_rl or self.clock() - self.start_time < 30.0:
+        torch threads from the waiting shares measured since the summary before (:func:`retune_learner_threads`);
+        not with ``--async_rl=False`` (see ``threads_tuned``)."""
+        if self.threads_tuned or self.clock() - self.start_time < 30.0:
             return
         self.threads_tuned = True
         retune_learner_threads(
