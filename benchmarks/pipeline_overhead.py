@@ -19,10 +19,13 @@ served in a loop in one process): the second table.
 (b) / (a) is the share of the env loop that msf's plumbing leaves: on a machine whose policy runs on a GPU, what
 the CPU can sample at. (c) / (b) is what the policy's arithmetic costs on these CPU cores.
 
-Workloads: CartPole-v1 with Sample Factory's CartPole command line (``throughput.SF_CARTPOLE``), atari_pong and
-doom_basic with Sample Factory's family arguments (``families.WORKLOADS``).
+Workloads: CartPole-v1 with Sample Factory's CartPole command line (``throughput.SF_CARTPOLE``), then with 256 envs
+per worker, and with each split stepped as one EnvPool (``--env_backend=envpool``, what ``--batched_sampling=True``
+means) at 20 and 256 envs per worker; atari_pong and doom_basic with Sample Factory's family arguments
+(``families.WORKLOADS``). (a) is always the gymnasium loop; for an EnvPool row the table also gives the raw loop of
+EnvPool itself (one pool of a worker's envs per process, stepped bare).
 
-Usage: python benchmarks/pipeline_overhead.py [--seconds 30] [--only CartPole-v1 atari_pong doom_basic]
+Usage: python benchmarks/pipeline_overhead.py [--seconds 30] [--only "CartPole-v1, EnvPool" atari_pong ...]
 """
 
 from __future__ import annotations
@@ -41,9 +44,19 @@ from throughput import SF_CARTPOLE, raw_env_fps, sampler_fps  # noqa: E402
 ZERO = ["--encoder_custom=zero_policy:zero"]
 
 
+ENVPOOL = ["--env_backend=envpool"]
+MANY = ["--num_envs_per_worker=256"]  # 128 per split: where the per-request cost stops mattering
+
+
 def workloads() -> dict[str, tuple[list[str], int]]:
-    """name -> (msf flags, frames per env step)."""
-    out = {"CartPole-v1": (list(SF_CARTPOLE), 1)}
+    """name -> (msf flags, frames per env step). The CartPole rows beyond Sample Factory's line: 256 envs per
+    worker, and each split stepped as one EnvPool (``--env_backend=envpool``), at 20 and 256 envs per worker."""
+    out = {
+        "CartPole-v1": (list(SF_CARTPOLE), 1),
+        "CartPole-v1, 256 envs/worker": ([*SF_CARTPOLE, *MANY], 1),
+        "CartPole-v1, EnvPool": ([*SF_CARTPOLE, *ENVPOOL], 1),
+        "CartPole-v1, EnvPool, 256 envs/worker": ([*SF_CARTPOLE, *ENVPOOL, *MANY], 1),
+    }
     for name, flags in WORKLOADS.items():
         out[name] = ([*flags, "--device=cpu"], 4)
     return out
@@ -63,27 +76,33 @@ def main() -> None:
             continue
         cfg = parse_args(flags)[0]
         procs = cfg.num_workers
-        raw = fs * raw_env_fps(cfg.env, procs, min(a.seconds, 15.0), flags)
+        # (a) is the gymnasium loop, whatever the sampler's backend: what a user's env costs stepped one by one
+        gym_flags = [f for f in flags if not f.startswith("--env_backend")]
+        raw = fs * raw_env_fps(cfg.env, procs, min(a.seconds, 15.0), gym_flags)
         print(f"{name}: raw env loop {raw:,.0f}", flush=True)
+        raw_backend = raw
+        if cfg.env_backend != "gymnasium":  # and the backend's own loop: a pool of a worker's envs, stepped bare
+            raw_backend = fs * raw_env_fps(cfg.env, procs, min(a.seconds, 15.0), flags)
+            print(f"{name}: raw loop of the {cfg.env_backend} backend {raw_backend:,.0f}", flush=True)
         costs: dict = {}
         zero = fs * sampler_fps(flags + ZERO, a.seconds, a.warmup, breakdown=costs)
         print(f"{name}: sampler, zero-cost policy {zero:,.0f}", flush=True)
         real = fs * sampler_fps(flags, a.seconds, a.warmup)
         print(f"{name}: sampler, real policy {real:,.0f}", flush=True)
-        rows.append((name, procs, fs, raw, zero, real))
+        rows.append((name, procs, fs, raw, raw_backend, zero, real))
         costs["serve_alone"] = (serve_alone_us(flags + ZERO), 0.0, 0.0)
         breakdowns.append((name, procs, raw / fs, zero / fs, costs))
     unit = lambda fs: "frames/s" if fs > 1 else "steps/s"  # noqa: E731
     print()
     print(
-        "| workload | env processes | raw env loop | sampler, zero-cost policy | zero / raw "
+        "| workload | env processes | raw env loop | raw loop of the backend | sampler, zero-cost policy | zero / raw "
         "| sampler, real policy | real / zero |"
     )
-    print("|---|---|---|---|---|---|---|")
-    for name, procs, fs, raw, zero, real in rows:
+    print("|---|---|---|---|---|---|---|---|")
+    for name, procs, fs, raw, raw_backend, zero, real in rows:
         print(
-            f"| {name} | {procs} | {raw:,.0f} {unit(fs)} | {zero:,.0f} | **{zero / raw:.3f}** | {real:,.0f} | "
-            f"{real / zero:.3f} |"
+            f"| {name} | {procs} | {raw:,.0f} {unit(fs)} | {raw_backend:,.0f} | {zero:,.0f} | **{zero / raw:.3f}** "
+            f"| {real:,.0f} | {real / zero:.3f} |"
         )
 
     print_breakdown(breakdowns)

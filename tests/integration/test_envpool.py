@@ -9,30 +9,34 @@ import importlib.util
 import json
 import sys
 
+import gymnasium
 import numpy as np
 import pytest
 
 from msf.cfg.config import Config
-from msf.cfg.validation import ConfigError
+from msf.cfg.validation import ENVPOOL_CLASSIC, ConfigError
 
-from .conftest import read_summary, run_msf
+from .conftest import SMALL_ENV_FLAGS, read_summary, run_msf
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("envpool") is None or importlib.util.find_spec("mujoco") is None,
     reason="envpool (extra [envpool]) or mujoco is not installed here: no wheel for this machine?",
 )
 
-from msf.envs.vector import EnvPoolSplit, GymSplit, check_envpool, envpool_task  # noqa: E402
+from msf.envs.vector import EnvPoolSplit, GymSplit, check_envpool, envpool_task, make_envpool  # noqa: E402
 
 
 def test_task_names():
     assert envpool_task("atari_pong") == "Pong-v5"
     assert envpool_task("atari_space_invaders") == "SpaceInvaders-v5"
     assert envpool_task("mujoco_halfcheetah") == "HalfCheetah-v5"
+    assert envpool_task("CartPole-v1") == "CartPole-v1"
     with pytest.raises(
-        ConfigError, match=r"^--env_backend=envpool: serves atari_\* and mujoco_\* envs only, not 'CartPole-v1'"
+        ConfigError,
+        match=r"^--env_backend=envpool: serves atari_\* and mujoco_\* envs and CartPole-v0, .*, "
+        r"Pendulum-v1 only, not 'FrozenLake-v1'",
     ):
-        envpool_task("CartPole-v1")
+        envpool_task("FrozenLake-v1")
     with pytest.raises(ConfigError, match="EnvPool has no Atari game 'atari_nosuch'"):
         envpool_task("atari_nosuch")
 
@@ -132,10 +136,72 @@ def test_training_with_envpool_end_to_end(train_dir, env, frameskip):
 
 
 def test_envpool_for_another_family_is_one_line_exit_2(tmp_path):
-    r = run_msf(["--env=CartPole-v1", "--env_backend=envpool", "--experiment=x", f"--train_dir={tmp_path}"], timeout=60)
+    r = run_msf(
+        ["--env=MiniGrid-Empty-5x5-v0", "--env_backend=envpool", "--experiment=x", f"--train_dir={tmp_path}"],
+        timeout=60,
+    )
     assert r.returncode == 2
     assert r.stderr.strip() == (
-        "msf-train: error: --env_backend=envpool: serves atari_* and mujoco_* envs only, "
-        "not 'CartPole-v1'; use --env_backend=gymnasium"
+        "msf-train: error: --env_backend=envpool: serves atari_* and mujoco_* envs and "
+        + ", ".join(ENVPOOL_CLASSIC)
+        + " only, not 'MiniGrid-Empty-5x5-v0'; use --env_backend=gymnasium"
     )
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("env", ENVPOOL_CLASSIC)
+def test_classic_control_pools_have_gymnasiums_spaces_and_episode_limits(env):
+    from msf.envs.registry import env_config_of, env_spaces
+
+    cfg = Config(env=env, env_backend="envpool")
+    check_envpool(cfg, env_spaces(env, env_config_of(cfg)))  # a ConfigError names what differs
+    pool = make_envpool(cfg, 1, 0)
+    assert pool.spec.config.max_episode_steps == gymnasium.spec(env).max_episode_steps
+    pool.close()
+
+
+def test_a_balanced_cartpole_is_truncated_at_500_and_a_fallen_one_terminated():
+    """Gymnasium's CartPole-v1 ends a balanced episode at step 500 as a truncation (bootstrapped with
+    ``--value_bootstrap``) and a fallen pole (|angle| > 12 degrees) as a termination; EnvPool's must do the same,
+    each end coming with the next episode's first observation (gymnasium's reset: every component in
+    [-0.05, 0.05])."""
+    split = EnvPoolSplit(Config(env="CartPole-v1", env_backend="envpool"), 0, [0, 1], seed=5)
+    obs = split.reset()
+    lengths, ends = np.zeros(2, dtype=int), []
+    for _ in range(1200):
+        # env 0: a linear controller that balances the pole; env 1: always push right (falls in ~10 steps)
+        balance = int(obs[0, 2] + 0.5 * obs[0, 3] + 0.05 * obs[0, 0] + 0.1 * obs[0, 1] > 0)
+        obs, rew, term, trunc = split.step(np.array([balance, 1], dtype=np.int32))
+        assert rew.tolist() == [1.0, 1.0]  # every step of CartPole-v1 earns 1, the ending one too
+        lengths += 1
+        for i in np.nonzero(term | trunc)[0]:
+            assert np.all(np.abs(obs[i]) <= 0.05), obs[i]
+            ends.append((int(i), int(lengths[i]), bool(term[i]), bool(trunc[i])))
+            lengths[i] = 0
+    assert [e for e in ends if e[0] == 0] == [(0, 500, False, True), (0, 500, False, True)]
+    fallen = [e for e in ends if e[0] == 1]
+    assert len(fallen) > 50 and all(term and not trunc and 5 <= n <= 20 for _, n, term, trunc in fallen)
+    split.close()
+
+
+def test_batched_sampling_solves_cartpole_with_envpool(train_dir):
+    """Sample Factory's ``--batched_sampling=True`` on CartPole-v1 steps each split as one EnvPool, and the
+    README's small-env settings still reach a mean return of 475 (gymnasium's threshold for solved) within
+    300k env steps (with the gymnasium backend they reach it at ~80k: benchmarks/README.md)."""
+    r = run_msf(
+        [
+            "--env=CartPole-v1",
+            "--batched_sampling=True",
+            "--experiment=cp",
+            f"--train_dir={train_dir}",
+            *SMALL_ENV_FLAGS,
+            "--stop_at_return_mean=475",
+            "--train_for_env_steps=300000",
+        ],
+        timeout=240,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads((train_dir / "cp" / "config.json").read_text())["env_backend"] == "envpool"
+    s = read_summary(train_dir, "cp")
+    assert s["status"] == "done" and s["return_target_reached_at"] is not None, s
+    assert s["episode_return_mean"] >= 475 and s["env_steps"] <= 300_000 + 1024

@@ -139,10 +139,13 @@ def test_batched_sampling_is_the_envpool_backend():
             Config(env="atari_pong", batched_sampling=True, env_backend="gymnasium"),
             {"batched_sampling", "env_backend"},
         )
+    cartpole = resolve_sample_factory_flags(Config(env="CartPole-v1", batched_sampling=True), {"batched_sampling"})
+    assert cartpole.env_backend == "envpool"  # EnvPool ports gymnasium's classic control
     with pytest.raises(
-        ConfigError, match="^--batched_sampling: .*atari_\\* and mujoco_\\* envs only, not 'CartPole-v1'"
+        ConfigError,
+        match="^--batched_sampling: .*atari_\\* and mujoco_\\* envs and CartPole-v0, .* only, not 'FrozenLake-v1'",
     ):
-        resolve_sample_factory_flags(Config(batched_sampling=True), {"batched_sampling"})
+        resolve_sample_factory_flags(Config(env="FrozenLake-v1", batched_sampling=True), {"batched_sampling"})
 
 
 @pytest.mark.skipif(importlib.util.find_spec("ale_py") is None, reason="the atari extra is not installed")

@@ -190,7 +190,8 @@ class SamplingFlags:
     env_backend: str = flag(
         "gymnasium",
         "How rollout workers step their envs: gymnasium (one env object each, a Python loop) or envpool (one "
-        "EnvPool per split of a worker, one C++ call; atari_* and mujoco_*, extra [envpool])",
+        "EnvPool per split of a worker, one C++ call; atari_*, mujoco_* and the classic-control ids CartPole-v0/v1, "
+        "Acrobot-v1, MountainCar-v0, MountainCarContinuous-v0, Pendulum-v1; extra [envpool])",
         ("gymnasium", "envpool"),
     )
     atari_sticky_actions: bool = flag(
@@ -230,7 +231,7 @@ class SamplingFlags:
         False,
         "Step each split of a rollout worker's envs as one vectorised env that returns whole arrays (Sample "
         "Factory's flag): msf's --env_backend=envpool (one EnvPool per split, one C++ call per step); refused for "
-        "an env EnvPool does not have",
+        "an env that backend does not serve",
     )
     decorrelate_experience_max_seconds: int = flag(
         0,

@@ -307,20 +307,34 @@ def _check_writable(train_dir: str) -> None:
         raise ConfigError(f"--train_dir: {train_dir!r} is not a writable folder ({e.strerror or e})") from None
 
 
+# gymnasium's classic-control ids that EnvPool ports under the same id, with the same spaces and episode limits
+# (CartPole-v1 500 steps, Acrobot-v1 500, MountainCar-v0 and Pendulum-v1 200); msf.envs.vector.check_envpool
+# compares the spaces before any process is spawned. Here (not in msf.envs) because flags are checked here.
+ENVPOOL_CLASSIC = (
+    "CartPole-v0",
+    "CartPole-v1",
+    "Acrobot-v1",
+    "MountainCar-v0",
+    "MountainCarContinuous-v0",
+    "Pendulum-v1",
+)
+
+
 def resolve_sample_factory_flags(cfg: Config, given: set[str]) -> Config:
     """Sample Factory flags that msf expresses with its own: ``--batched_sampling=True`` is
     ``--env_backend=envpool`` (a split of a worker's envs stepped as one vectorised env).
 
     Raises:
         ConfigError: ``--batched_sampling=True`` with ``--env_backend=gymnasium`` given, or for an env EnvPool does
-            not serve.
+            not serve (``atari_*``, ``mujoco_*`` and :data:`ENVPOOL_CLASSIC` are served).
     """
     if not cfg.batched_sampling:
         return cfg
-    if not cfg.env.startswith(("atari_", "mujoco_")):
+    if not cfg.env.startswith(("atari_", "mujoco_")) and cfg.env not in ENVPOOL_CLASSIC:
         raise ConfigError(
             f"--batched_sampling: msf's batched sampling steps each split as one EnvPool, which serves atari_* and "
-            f"mujoco_* envs only, not {cfg.env!r}: leave it out (each split's envs are then stepped one by one)"
+            f"mujoco_* envs and {', '.join(ENVPOOL_CLASSIC)} only, not {cfg.env!r}: leave it out (each split's "
+            "envs are then stepped one by one)"
         )
     if "env_backend" in given and cfg.env_backend != "envpool":
         raise ConfigError(

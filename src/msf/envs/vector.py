@@ -5,7 +5,9 @@ each split is one :class:`EnvSplit`. Two backends (``--env_backend``):
 
 * ``gymnasium`` (default): one gymnasium env per slot, stepped in a Python loop (:class:`GymSplit`);
 * ``envpool``: one EnvPool instance per split (:class:`EnvPoolSplit`), which steps all of the split's
-  envs in one C++ call; for ``atari_*`` and ``mujoco_*``.
+  envs in one C++ call; for ``atari_*``, ``mujoco_*`` and gymnasium's classic-control ids
+  (``msf.cfg.validation.ENVPOOL_CLASSIC``, e.g. ``CartPole-v1``), whose step costs a few microseconds, less than one
+  Python call of a wrapped gymnasium env.
 
 Both return the observation *after* an episode end as the first observation of the next episode
 (gymnasium's autoreset within the step), so the rollout worker does not know which backend it drives.
@@ -13,15 +15,17 @@ Both return the observation *after* an episode end as the first observation of t
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable
 
 import gymnasium as gym
 import numpy as np
 
-from msf.cfg.validation import ConfigError
+from msf.cfg.validation import ENVPOOL_CLASSIC, ConfigError
 from msf.envs.registry import env_config_of, make_env, num_agents_of
 
 ENVPOOL_FAMILIES = ("atari_", "mujoco_")
+ENVPOOL_SERVES = "atari_* and mujoco_* envs and " + ", ".join(ENVPOOL_CLASSIC)
 
 
 class GymSplit:
@@ -159,18 +163,19 @@ def close_all(closers: Any) -> None:
 
 def envpool_task(name: str) -> str:
     """The EnvPool task id of an msf env name: ``atari_space_invaders`` -> ``SpaceInvaders-v5``,
-    ``mujoco_hopper`` -> ``Hopper-v5``.
+    ``mujoco_hopper`` -> ``Hopper-v5``, ``CartPole-v1`` -> ``CartPole-v1`` (the classic-control ids of
+    ``msf.cfg.validation.ENVPOOL_CLASSIC`` are EnvPool's too).
 
     Raises:
-        ConfigError: EnvPool is not installed (names the pip command), the family is not one EnvPool
-            serves here, or EnvPool has no such task.
+        ConfigError: EnvPool is not installed (names the pip command), the env is not one EnvPool
+            serves here (names those it serves), or EnvPool has no such task.
     """
     from msf.envs.families import MUJOCO, family_of
 
     family = family_of(name)
-    if family not in ENVPOOL_FAMILIES:
+    if family not in ENVPOOL_FAMILIES and name not in ENVPOOL_CLASSIC:
         raise ConfigError(
-            f"--env_backend=envpool: serves atari_* and mujoco_* envs only, not {name!r}; use --env_backend=gymnasium"
+            f"--env_backend=envpool: serves {ENVPOOL_SERVES} only, not {name!r}; use --env_backend=gymnasium"
         )
     try:
         import envpool
@@ -178,7 +183,9 @@ def envpool_task(name: str) -> str:
         raise ConfigError(
             "--env_backend=envpool needs the envpool extra: pip install 'multi-sample-factory[envpool]'"
         ) from None
-    if family == "mujoco_":
+    if name in ENVPOOL_CLASSIC:
+        task = name
+    elif family == "mujoco_":
         task = MUJOCO.get(name[len("mujoco_") :])
         if task is None:
             raise ConfigError(
@@ -219,9 +226,14 @@ def make_envpool(cfg: Any, num_envs: int, seed: int, evaluation: bool = False) -
             repeat_action_probability=0.25 if cfg.atari_sticky_actions else 0.0,
             full_action_space=bool(cfg.atari_full_action_space),
         )
-    return envpool.make(
-        task, env_type="gymnasium", num_envs=num_envs, batch_size=num_envs, num_threads=1, seed=int(seed), **kw
-    )
+    with warnings.catch_warnings():
+        # EnvPool builds its Box spaces from float64 bounds; gymnasium warns of the cast to float32 in every worker
+        warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32", category=UserWarning)
+        pool = envpool.make(
+            task, env_type="gymnasium", num_envs=num_envs, batch_size=num_envs, num_threads=1, seed=int(seed), **kw
+        )
+        pool.observation_space, pool.action_space  # noqa: B018 - built here, on first use, with the warning
+    return pool
 
 
 class EnvPoolSplit:
@@ -288,10 +300,11 @@ def make_split(
 
 
 def check_envpool(cfg: Any, spaces: Any) -> None:
-    """Before spawning: EnvPool serves ``cfg.env`` with the spaces of the gymnasium backend.
+    """Before spawning: EnvPool serves ``cfg.env`` with the spaces of the gymnasium backend, and for a
+    classic-control id with gymnasium's episode limit (the step at which an episode is truncated).
 
     Raises:
-        ConfigError: see :func:`envpool_task`; or the pool's spaces differ from ``spaces``.
+        ConfigError: see :func:`envpool_task`; or the pool's spaces or episode limit differ (both named).
     """
     pool = make_envpool(cfg, 1, 0)
     try:
@@ -302,5 +315,12 @@ def check_envpool(cfg: Any, spaces: Any) -> None:
                 f"--env_backend=envpool: EnvPool's {cfg.env} has observations {tuple(obs.shape)} and "
                 f"{n} actions, the gymnasium env {tuple(spaces.obs_shape)} and {spaces.num_actions}"
             )
+        if cfg.env in ENVPOOL_CLASSIC:
+            ours, theirs = pool.spec.config.max_episode_steps, gym.spec(cfg.env).max_episode_steps
+            if ours != theirs:
+                raise ConfigError(
+                    f"--env_backend=envpool: EnvPool's {cfg.env} truncates episodes at {ours} steps, gymnasium's "
+                    f"at {theirs}; use --env_backend=gymnasium"
+                )
     finally:
         pool.close()
