@@ -10,6 +10,11 @@ STOP_SIGNALS = (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP)
 :data:`INTERRUPTED_BEFORE_TRAINING` before. SIGTERM: ``kill``, Slurm's ``scancel``; SIGHUP: a closed terminal, a
 dropped ssh session."""
 
+CHECKPOINT_SIGNAL = _signal.SIGUSR1
+"""The signal that asks ``msf-train`` for a checkpoint now, the run going on (Slurm's ``--signal=USR1@60``: a
+checkpoint a minute before the time limit, or before a preemption). Every process msf starts ignores it, so it
+may be sent to every process of a job; before training begins there is nothing to save and it is ignored."""
+
 INTERRUPTED_BEFORE_TRAINING = "msf-train: interrupted before training began: nothing was trained or saved"
 """The one line ``msf-train`` prints when one of :data:`STOP_SIGNALS` ends it before training began (exit code 130)."""
 
@@ -48,6 +53,7 @@ def _end_early_interrupts_with_130() -> None:
 
     for s in STOP_SIGNALS:
         signal.signal(s, interrupt_before_training)
+    signal.signal(CHECKPOINT_SIGNAL, signal.SIG_IGN)  # its default action ends the process: nothing to save yet
     atexit.register(_exit_130_if_interrupted)  # registered first, so it runs last (multiprocessing's runs before)
     previous = _sys.excepthook
 

@@ -37,7 +37,8 @@ normalisers), which cannot change; --device and --nproc_per_node are taken anew 
 --nnodes/--node_rank/--hosts on every node, or run under torchrun, or srun inside a Slurm allocation
 (torch.distributed traffic is unauthenticated: keep it on a trusted network). Watch the run with tensorboard
 --logdir TRAIN_DIR, plot it with msf-plot, evaluate it with msf-enjoy. Ctrl-C, SIGTERM, SIGHUP or a SIGINT to
-this process (kill -INT) stops cleanly with a final checkpoint; a second Ctrl-C exits at once. Exit codes: 0 done
+this process (kill -INT) stops cleanly with a final checkpoint; a second Ctrl-C exits at once. SIGUSR1 (kill -USR1,
+Slurm's --signal=USR1@60) writes a checkpoint now and training goes on. Exit codes: 0 done
 or stopped, 1 failed, 2 invalid flags, 130 interrupted (a second Ctrl-C, or a Ctrl-C, SIGTERM or SIGHUP before
 training began)."""
 

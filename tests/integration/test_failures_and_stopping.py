@@ -253,6 +253,45 @@ def test_a_sighup_to_the_process_group_stops_cleanly(train_dir, nproc):
     assert "Traceback" not in err, err[-3000:]
 
 
+@pytest.mark.parametrize("nproc, to", [(1, "every"), (2, "launcher"), (2, "every")])
+def test_a_sigusr1_writes_a_checkpoint_and_the_run_goes_on(train_dir, nproc, to):
+    """SIGUSR1 is "checkpoint now" (Slurm's ``--signal=USR1@60``, which without ``B:`` reaches every process of the
+    job step): it ended every worker and the run at once (its default action), losing everything since the last
+    periodic checkpoint. Now msf-train writes a checkpoint after the current iteration and trains on; its children
+    ignore the signal; a launcher of several device groups passes it on to its ranks."""
+    name = f"usr1_{nproc}_{to}"
+    p = _start_in_own_session(train_dir, name, nproc)  # no periodic checkpoint
+    ckpts = train_dir / name / "checkpoint_p0"
+    try:
+        wait_until_training(train_dir / name)
+        assert not list(ckpts.glob("checkpoint_*.pth"))
+        for pid in (_descendants(p.pid) if to == "every" else []) + [p.pid]:
+            try:
+                os.kill(pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 30 + SLACK_S
+        while not list(ckpts.glob("checkpoint_*.pth")) and time.monotonic() < deadline and p.poll() is None:
+            time.sleep(0.2)
+        time.sleep(2.0)  # and the run goes on
+        assert p.poll() is None, "the run ended: " + p.communicate()[1][-3000:]
+        written = sorted(ckpts.glob("checkpoint_*.pth"))
+        assert len(written) >= 1
+        asked = torch.load(written[0], weights_only=True)["env_steps"]
+        assert asked > 0
+        os.killpg(p.pid, signal.SIGTERM)
+        out, err = p.communicate(timeout=60 + SLACK_S)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    s = read_summary(train_dir, name)
+    assert (p.returncode, s["status"]) == (0, "stopped"), err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    final = sorted(ckpts.glob("checkpoint_*.pth"))
+    assert 2 <= len(final) <= 2  # the newest asked-for one and the final one (--keep_checkpoints=2)
+    assert torch.load(final[-1], weights_only=True)["env_steps"] == s["env_steps"] > asked
+
+
 # What a stop promises: the next agreement (one iteration), the final checkpoint, the workers' exit
 STOP_S = 5.0
 

@@ -305,3 +305,34 @@ def test_scancel_stops_an_sbatch_job_cleanly(job, tmp_path, wrap):
         f for f in set(os.listdir("/dev/shm")) - shm_before if f.startswith(tuple(f"torch_{p}_" for p in pids))
     )
     assert pids and left == [], left
+
+
+def test_scancel_signal_usr1_writes_a_checkpoint_and_the_job_trains_on(job, tmp_path):
+    """``scancel --signal=USR1 --full`` (what ``sbatch --signal=USR1@60`` sends a minute before the time limit, to
+    every process of the job): it ended the workers and the run (SIGUSR1's default action). Now it is "checkpoint
+    now": a checkpoint appears, the job keeps training, and a later plain ``scancel`` still stops it cleanly."""
+    train_dir = tmp_path / "train_dir"
+    exp_dir = train_dir / "usr1"
+    cmd = shlex.join(_msf(train_dir, "usr1", "--train_for_env_steps=100000000", "--save_every_sec=100000"))
+    job_id = _sbatch(job, tmp_path, f"exec {cmd}")
+    try:
+        started = _wait_for(lambda: _train_steps_logged(exp_dir) >= 1 or not _in_queue(job_id), RUN_TIMEOUT_S)
+        assert started and _in_queue(job_id), _job_output(tmp_path)
+        assert _checkpoints(exp_dir) == []
+        r = subprocess.run(["scancel", "--signal=USR1", "--full", job_id], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        assert _wait_for(lambda: _checkpoints(exp_dir) != [] or not _in_queue(job_id), 30 + SLACK_S)
+        steps_then = _train_steps_logged(exp_dir)
+        # and it trains on
+        assert _wait_for(lambda: _train_steps_logged(exp_dir) > steps_then or not _in_queue(job_id), 30 + SLACK_S)
+        assert _in_queue(job_id), _job_output(tmp_path)
+        asked = _checkpoints(exp_dir)
+        assert len(asked) >= 1 and asked[0][0] >= 1
+    finally:
+        subprocess.run(["scancel", job_id], capture_output=True, timeout=30)
+    assert _wait_for(lambda: not _in_queue(job_id), KILL_WAIT_S + SLACK_S), _job_output(tmp_path)
+    assert _job_record(job_id)["ExitCode"] == "0:0", _job_output(tmp_path)
+    s = read_summary(train_dir, "usr1")
+    assert s["status"] == "stopped"
+    assert _checkpoints(exp_dir)[-1] == (s["train_steps"], s["env_steps"]) and s["train_steps"] > asked[0][0]
+    assert job.leftovers(timeout=KILL_WAIT_S + SLACK_S) == []

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 import msf
-from msf import STOP_SIGNALS
+from msf import CHECKPOINT_SIGNAL, STOP_SIGNALS
 from msf.cfg.config import Config, Derived
 from msf.distributed.collectives import collectives_of
 from msf.distributed.topology import RankInfo, split_evenly
@@ -85,7 +85,8 @@ def failure_line(e: BaseException) -> str:
 
 class _SignalHandler:
     """First SIGINT/SIGTERM/SIGHUP: stop cleanly (final checkpoint). Second SIGINT: exit at once. A SIGTERM or
-    SIGHUP after the first signal changes nothing. (SIGHUP: a closed terminal or a dropped ssh session; by default
+    SIGHUP after the first signal changes nothing. SIGUSR1 (:data:`msf.CHECKPOINT_SIGNAL`): a checkpoint after the
+    current iteration, and training goes on. (SIGHUP: a closed terminal or a dropped ssh session; by default
     it ended the run at once, with no final checkpoint and a traceback per lost semaphore from multiprocessing's
     resource tracker.)
 
@@ -102,6 +103,14 @@ class _SignalHandler:
         self.loop: TrainingLoop | None = None
         self.count = 0
         self.old = {s: signal.signal(s, self) for s in STOP_SIGNALS}
+        self.old[CHECKPOINT_SIGNAL] = signal.signal(CHECKPOINT_SIGNAL, self._checkpoint)
+
+    def _checkpoint(self, signum: int, frame: Any) -> None:
+        """SIGUSR1: a checkpoint after the current iteration, the run going on (nothing to save before the loop)."""
+        if self.loop is None or self.count:
+            return
+        log.warning("received SIGUSR1: writing a checkpoint after the current iteration")
+        self.loop.request_checkpoint()
 
     def attach(self, loop: TrainingLoop) -> None:
         """The training loop exists: a stop asked for before is passed on now."""

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from msf import STOP_SIGNALS
+from msf import CHECKPOINT_SIGNAL, STOP_SIGNALS
 from msf.cfg.config import Config
 from msf.cfg.validation import ConfigError
 from msf.distributed.nodes import NodePlan
@@ -250,6 +250,15 @@ class _NodeSignals:
         self.errors: Any = None
         self.count = 0
         self.old = {s: signal.signal(s, self) for s in STOP_SIGNALS}
+        self.old[CHECKPOINT_SIGNAL] = signal.signal(CHECKPOINT_SIGNAL, self._checkpoint)
+
+    def _checkpoint(self, signum: int, frame: Any) -> None:
+        """SIGUSR1 to the launcher (``kill -USR1 <pid>``, ``sbatch --signal=B:USR1@60`` through a batch script
+        that runs msf-train in the foreground) is passed on to the ranks: a checkpoint now, the run going on. A rank
+        that is not training yet ignores it; one that is takes each SIGUSR1 (this one, or Slurm's own to every
+        process) as a request, and requests that come together make one checkpoint or two."""
+        if not self.count:
+            self._send(CHECKPOINT_SIGNAL)
 
     def watch(self, procs: list[Any], errors: Any) -> None:
         """The ranks have been spawned: pass on a stop that came while they were."""

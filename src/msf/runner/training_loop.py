@@ -168,6 +168,9 @@ class TrainingLoop:
         self.checkpoints = Checkpoints(cfg, exp_dir, state, learners, rank, self.start_time)
         self.pbt = PbtRounds(cfg, state, learners, weights, world, rank.is_main, self.frames)
         self.stop_reason: str | None = None
+        # SIGUSR1s counted (request_checkpoint) and those an agreement has taken up: a count, not a flag that is
+        # reset, so that a signal between the read and the reset is not lost
+        self.checkpoint_requests = self.checkpoint_requests_taken = 0
         self.iteration = 0
         self.since_agreement = _Counts()
         self.last_summary = self.last_save = self.start_time
@@ -176,6 +179,11 @@ class TrainingLoop:
     def frames(self) -> int:
         """Global env steps in the unit of the budget and the curves (frames with summaries_use_frameskip)."""
         return self.state.env_steps * self.derived.frameskip
+
+    def request_checkpoint(self) -> None:
+        """Write a checkpoint at the next agreement (on any replica: rank 0 writes it), as when
+        ``--save_every_sec`` has passed; the run goes on. (A signal handler's: it only sets a flag.)"""
+        self.checkpoint_requests += 1
 
     def request_stop(self, reason: str) -> None:
         """Stop after the current iteration (the first reason given is kept): ``"stopped"`` or ``"done"``."""
@@ -219,13 +227,15 @@ class TrainingLoop:
     def _agree(self, failed: bool, now: float, time_spent: bool, batches: list[Batch | None]) -> Decision:
         """One all-reduce of this replica's :class:`Proposal`; adds the global counts to the counters."""
         c, is_main = self.since_agreement, self.rank.is_main
+        requests = self.checkpoint_requests
         proposal = Proposal(
             stop=self.stop_reason is not None,
             failed=failed,
             # --deterministic: every iteration, so that the curves (and a --stop_at_return_mean stop) fall on the
             # same iterations on every run; the status line keeps its interval (_pass)
             summary_due=is_main and (self.cfg.deterministic or self._interval_passed(now)),
-            save_due=is_main and now - self.last_save >= self.cfg.save_every_sec,
+            save_due=(is_main and now - self.last_save >= self.cfg.save_every_sec)
+            or requests > self.checkpoint_requests_taken,
             # with no batch, the replica enters the agreement for this
             time_spent=time_spent,
             env_steps=c.env_steps,
@@ -234,6 +244,7 @@ class TrainingLoop:
             has_batch=tuple(b is not None for b in batches),
         )
         self.since_agreement = _Counts()
+        self.checkpoint_requests_taken = requests
         self.progress.entered += 1
         t0 = time.monotonic()
         try:

@@ -7,7 +7,8 @@ child starts in milliseconds instead of importing torch anew (~2 s of a core eac
 with 16 rollout workers on 2 cores took 26.5 s from the command with ``spawn``, 6.0 s from the fork
 server; ``benchmarks/startup.py``). A child starts as a spawned one would: its parent's environment
 variables as they are when it is started, random generators of its own, BLAS thread pools as its
-environment asks. It ignores SIGINT, SIGTERM and SIGHUP (only the main process decides how to stop), leads a process
+environment asks. It ignores SIGINT, SIGTERM, SIGHUP and SIGUSR1 (only the main process decides how to stop and when
+to checkpoint), leads a process
 group of its own (so whatever it starts, such as ViZDoom's engine processes, can be ended with it:
 :func:`stop_children`), watches its parent through multiprocessing's parent sentinel
 (:func:`parent_alive`), reports an exception as a :class:`ComponentFailure` on the failure queue,
@@ -72,6 +73,9 @@ def _child_main(
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # and SIGHUP (a closed terminal, an ssh session that dropped: the stop is the main process's to make)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    # and SIGUSR1, msf-train's "checkpoint now" (Slurm's --signal=USR1@60 reaches every process of a job step;
+    # its default action would end this one)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     _as_a_fresh_process(environ or {})  # (for a spawned child: what it has already)
     if environ is not None:  # the parent's, as it was at spawn() (the fork server's is as it was when it started;
         os.environ.clear()  # and threadpoolctl's import above adds a variable)
@@ -273,8 +277,8 @@ _QUIET: list[str] = []
 
 
 def use_quiet_executable() -> None:
-    """Start spawned children through a two-line ``sh`` script that ignores SIGINT and SIGHUP and then runs this
-    Python.
+    """Start spawned children through a two-line ``sh`` script that ignores SIGINT, SIGHUP and SIGUSR1 and then
+    runs this Python.
 
     An ignored signal stays ignored across ``exec``, and Python then leaves it so: a child ignores a Ctrl-C
     (which a terminal sends to the whole process group) from its first instruction, not only once
@@ -289,7 +293,7 @@ def use_quiet_executable() -> None:
     import sys
     import tempfile
 
-    text = f"#!/bin/sh\ntrap '' INT HUP\nexec {shlex.quote(sys.executable)} \"$@\"\n"
+    text = f"#!/bin/sh\ntrap '' INT HUP USR1\nexec {shlex.quote(sys.executable)} \"$@\"\n"
     digest = hashlib.sha1(text.encode()).hexdigest()[:12]
     path = os.path.join(tempfile.gettempdir(), f"msf-python-{os.getuid()}-{digest}.sh")
     if not os.path.exists(path):
