@@ -102,6 +102,38 @@ def test_env_failure_ends_run_and_keeps_checkpoint(train_dir):
     assert state["env_steps"] > 0
 
 
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_a_workers_failure_saves_the_learners_state_and_a_rerun_resumes_from_it(train_dir, nproc):
+    """An env that raises ends the run (status ``failed``, exit code 1), but the learners were between two
+    iterations, so their state is saved: with no periodic checkpoint (``--save_every_sec=1000``) a failed run kept
+    nothing, and its rerun started from step 0. Now the checkpoint holds exactly what the failed run's summary
+    counts, and the rerun (failing the same way 4 s into its own training) resumes from it and counts on."""
+    args = [
+        "--env=msf_test_envs:MsfFailingCartPole-v0",
+        "--experiment=failsave",
+        f"--train_dir={train_dir}",
+        f"--nproc_per_node={nproc}",
+        "--num_workers=2",
+        "--num_envs_per_worker=4",
+        "--batch_size=256",
+        "--save_every_sec=1000",
+        "--encoder_mlp_layers",
+        "32",
+    ]
+    summaries = []
+    for _ in range(2):
+        r = run_msf(args, timeout=120)
+        assert r.returncode == 1, r.stderr[-3000:]
+        s = read_summary(train_dir, "failsave")
+        assert s["status"] == "failed" and s["train_steps"] > 0, s
+        ckpts = sorted((train_dir / "failsave" / "checkpoint_p0").glob("checkpoint_*.pth"))
+        state = torch.load(ckpts[-1], weights_only=True)
+        assert (state["env_steps"], state["train_step"]) == (s["env_steps"], s["train_steps"])
+        summaries.append(s)
+    assert len(ckpts) == 2  # one per attempt, no periodic one
+    assert summaries[1]["env_steps"] > summaries[0]["env_steps"]  # resumed: counted on from the first attempt's
+
+
 def test_a_crash_in_native_code_is_named_as_the_cause(train_dir):
     """A rollout worker killed by SIGSEGV reports nothing; its inference worker then fails on the closed
     pipe. The error names the crashed worker and the signal first, and the checkpoints survive."""

@@ -456,6 +456,22 @@ def _serial_channels(
     return Channels(s.full_queue, s.free_queues, s.stats_queue, queue.Queue(), [], s.inference_stats, s.rollout_wait, s)
 
 
+def _save_after_a_workers_failure(loop: TrainingLoop) -> None:
+    """A worker failed (an env's exception, a crash): the learners' state is whole (the failure came through an
+    agreement, before that pass trained), so rank 0 writes it as the last checkpoint, and a rerun resumes from
+    there instead of from the last periodic checkpoint, up to ``--save_every_sec`` earlier. Not after a failure
+    of the learner itself, whose state may be half-updated. A failure to write is logged; the run's own error
+    stands."""
+    if not loop.learners_intact or loop.iteration == 0:
+        return
+    try:
+        loop.save(wait=True)
+        if loop.rank.is_main:
+            log.warning("the learners' state after %d iteration(s) is saved: a rerun resumes from it", loop.iteration)
+    except Exception as e:  # noqa: BLE001
+        log.error("writing the checkpoint after the failure failed: %s", e)
+
+
 def _run_loop(
     loop: TrainingLoop, ch: Channels, stop_event: Any, tb: TensorBoardSummaries | None
 ) -> tuple[str, Exception | None]:
@@ -474,6 +490,7 @@ def _run_loop(
         # serial mode: the failure is this process's own (an env's, the policy's): its traceback is the point
         log.error("run failed: %s", e, exc_info=ch.sampler is not None)
         status, error = "failed", e
+        _save_after_a_workers_failure(loop)
     finally:
         try:
             loop.close_writers()  # a periodic checkpoint still being written completes: nothing is lost

@@ -168,6 +168,9 @@ class TrainingLoop:
         self.checkpoints = Checkpoints(cfg, exp_dir, state, learners, rank, self.start_time)
         self.pbt = PbtRounds(cfg, state, learners, weights, world, rank.is_main, self.frames)
         self.stop_reason: str | None = None
+        # the run failed through an agreement (a worker's failure, on this replica or another), before this pass
+        # trained: the learners' state is a whole iteration's, and a checkpoint of it loses nothing (_run_loop)
+        self.learners_intact = False
         # SIGUSR1s counted (request_checkpoint) and those an agreement has taken up: a count, not a flag that is
         # reset, so that a signal between the read and the reset is not lost
         self.checkpoint_requests = self.checkpoint_requests_taken = 0
@@ -346,6 +349,8 @@ class TrainingLoop:
             return False  # nothing to agree on yet: a replica enters the agreement with a batch, or to stop
         d = self._agree(failure is not None, now, time_spent, batches)
         if d.failed:
+            # a child of some replica failed; every learner is between two iterations, the same on every replica
+            self.learners_intact = True
             raise failure or PeerFailed("another replica failed (see its log lines)")
         if d.summary_due:
             log_status = self._interval_passed(now)
