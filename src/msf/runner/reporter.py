@@ -196,12 +196,15 @@ class Reporter:
         started = sum(min(c.envs_started, n) for c in self.rollout_wait)
         if started >= total:
             self.envs_started_after_s = now - self.start_time
-            log.info(
-                "all %d environments of %d rollout worker(s) started, %.1f s after the workers were spawned",
-                total,
-                len(self.rollout_wait),
-                self.envs_started_after_s,
-            )
+            if self.cfg.serial_mode:  # one process: no worker was spawned
+                log.info("all %d environments started, in this process (--serial_mode)", total)
+            else:
+                log.info(
+                    "all %d environments of %d rollout worker(s) started, %.1f s after the workers were spawned",
+                    total,
+                    len(self.rollout_wait),
+                    self.envs_started_after_s,
+                )
             return
         if now - self.startup_noted >= self.STARTUP_NOTE_S:
             self.startup_noted = now
