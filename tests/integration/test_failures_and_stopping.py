@@ -12,6 +12,8 @@ import torch
 from .conftest import SLACK_S, popen_msf, read_summary, run_msf, wait_until_training
 
 INT, TERM = signal.SIGINT, signal.SIGTERM
+# a small CartPole run: 2 workers of 4 envs, iterations of 256 samples, a small MLP
+SMALL_RUN = ["--num_workers=2", "--num_envs_per_worker=4", "--batch_size=256", "--encoder_mlp_layers", "32"]
 
 
 @pytest.mark.parametrize(
@@ -80,12 +82,8 @@ def test_env_failure_ends_run_and_keeps_checkpoint(train_dir):
             "--env=msf_test_envs:MsfFailingCartPole-v0",
             "--experiment=fail",
             f"--train_dir={train_dir}",
-            "--num_workers=2",
-            "--num_envs_per_worker=4",
-            "--batch_size=256",
+            *SMALL_RUN,
             "--save_every_sec=1",
-            "--encoder_mlp_layers",
-            "32",
         ],
         timeout=90,
     )
@@ -113,12 +111,8 @@ def test_a_workers_failure_saves_the_learners_state_and_a_rerun_resumes_from_it(
         "--experiment=failsave",
         f"--train_dir={train_dir}",
         f"--nproc_per_node={nproc}",
-        "--num_workers=2",
-        "--num_envs_per_worker=4",
-        "--batch_size=256",
+        *SMALL_RUN,
         "--save_every_sec=1000",
-        "--encoder_mlp_layers",
-        "32",
     ]
     summaries = []
     for _ in range(2):
@@ -143,12 +137,8 @@ def test_a_crash_in_native_code_is_named_as_the_cause(train_dir):
             "--env=msf_test_envs:MsfCrashingCartPole",
             "--experiment=crash",
             f"--train_dir={train_dir}",
-            "--num_workers=2",
-            "--num_envs_per_worker=4",
-            "--batch_size=256",
+            *SMALL_RUN,
             "--save_every_sec=1",
-            "--encoder_mlp_layers",
-            "32",
         ],
         timeout=90,
     )
@@ -168,12 +158,8 @@ def test_signal_stops_cleanly_with_final_checkpoint(train_dir, sig):
             "--env=CartPole-v1",
             "--experiment=sig",
             f"--train_dir={train_dir}",
-            "--num_workers=2",
-            "--num_envs_per_worker=4",
-            "--batch_size=256",
+            *SMALL_RUN,
             "--save_every_sec=1000",
-            "--encoder_mlp_layers",
-            "32",
         ]
     )
     try:
