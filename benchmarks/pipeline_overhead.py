@@ -22,8 +22,8 @@ the CPU can sample at. (c) / (b) is what the policy's arithmetic costs on these 
 Workloads: CartPole-v1 with Sample Factory's CartPole command line (``throughput.SF_CARTPOLE``), then with 256 envs
 per worker, and with each split stepped as one EnvPool (``--env_backend=envpool``, what ``--batched_sampling=True``
 means) at 20 and 256 envs per worker; atari_pong and doom_basic with Sample Factory's family arguments
-(``families.WORKLOADS``). (a) is always the gymnasium loop; for an EnvPool row the table also gives the raw loop of
-EnvPool itself (one pool of a worker's envs per process, stepped bare).
+(``families.WORKLOADS``), and atari_pong with EnvPool. (a) is always the gymnasium loop; for an EnvPool row the
+table also gives the raw loop of EnvPool itself (one pool of a worker's envs per process, stepped bare).
 
 Usage: python benchmarks/pipeline_overhead.py [--seconds 30] [--only "CartPole-v1, EnvPool" atari_pong ...]
 """
@@ -50,7 +50,8 @@ MANY = ["--num_envs_per_worker=256"]  # 128 per split: where the per-request cos
 
 def workloads() -> dict[str, tuple[list[str], int]]:
     """name -> (msf flags, frames per env step). The CartPole rows beyond Sample Factory's line: 256 envs per
-    worker, and each split stepped as one EnvPool (``--env_backend=envpool``), at 20 and 256 envs per worker."""
+    worker, and each split stepped as one EnvPool (``--env_backend=envpool``), at 20 and 256 envs per worker; the
+    Atari workloads also with EnvPool."""
     out = {
         "CartPole-v1": (list(SF_CARTPOLE), 1),
         "CartPole-v1, 256 envs/worker": ([*SF_CARTPOLE, *MANY], 1),
@@ -59,6 +60,8 @@ def workloads() -> dict[str, tuple[list[str], int]]:
     }
     for name, flags in WORKLOADS.items():
         out[name] = ([*flags, "--device=cpu"], 4)
+        if name.startswith("atari_"):  # EnvPool's Atari: ALE and the preprocessing in C++
+            out[f"{name}, EnvPool"] = ([*flags, "--device=cpu", *ENVPOOL], 4)
     return out
 
 
