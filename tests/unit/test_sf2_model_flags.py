@@ -139,6 +139,12 @@ def test_batched_sampling_is_the_envpool_backend():
             Config(env="atari_pong", batched_sampling=True, env_backend="gymnasium"),
             {"batched_sampling", "env_backend"},
         )
+    with pytest.raises(ConfigError, match="^--batched_sampling: False .* contradicts --env_backend=envpool"):
+        resolve_sample_factory_flags(
+            Config(env="atari_pong", batched_sampling=False, env_backend="envpool"), {"batched_sampling", "env_backend"}
+        )
+    kept = Config(env="atari_pong", batched_sampling=False, env_backend="envpool")  # only one of them given
+    assert resolve_sample_factory_flags(kept, {"env_backend"}) is kept
     cartpole = resolve_sample_factory_flags(Config(env="CartPole-v1", batched_sampling=True), {"batched_sampling"})
     assert cartpole.env_backend == "envpool"  # EnvPool ports gymnasium's classic control
     with pytest.raises(

@@ -325,10 +325,16 @@ def resolve_sample_factory_flags(cfg: Config, given: set[str]) -> Config:
     ``--env_backend=envpool`` (a split of a worker's envs stepped as one vectorised env).
 
     Raises:
-        ConfigError: ``--batched_sampling=True`` with ``--env_backend=gymnasium`` given, or for an env EnvPool does
+        ConfigError: ``--batched_sampling=True`` with ``--env_backend=gymnasium`` given (or ``False`` with
+            ``--env_backend=envpool``), or for an env EnvPool does
             not serve (``atari_*``, ``mujoco_*`` and :data:`ENVPOOL_CLASSIC` are served).
     """
     if not cfg.batched_sampling:
+        if "batched_sampling" in given and "env_backend" in given and cfg.env_backend == "envpool":
+            raise ConfigError(
+                "--batched_sampling: False steps each env by itself, which contradicts --env_backend=envpool (one "
+                "EnvPool per split): leave one of them out"
+            )
         return cfg
     if not cfg.env.startswith(("atari_", "mujoco_")) and cfg.env not in ENVPOOL_CLASSIC:
         raise ConfigError(

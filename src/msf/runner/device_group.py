@@ -49,6 +49,7 @@ from msf.runtime.supervision import (
     start_fork_server,
     stop_budget_s,
     stop_children,
+    stop_fork_server,
     use_quiet_executable,
 )
 from msf.sampling.inference_worker import inference_worker_main
@@ -467,7 +468,7 @@ def _save_after_a_workers_failure(loop: TrainingLoop) -> None:
     try:
         loop.save(wait=True)
         if loop.rank.is_main:
-            log.warning("the learners' state after %d iteration(s) is saved: a rerun resumes from it", loop.iteration)
+            log.warning("the learners' state at env step %d is saved: a rerun resumes from it", loop.state.env_steps)
     except Exception as e:  # noqa: BLE001
         log.error("writing the checkpoint after the failure failed: %s", e)
 
@@ -503,6 +504,7 @@ def _run_loop(
         # and the files its engines' controllers would have removed from /dev/shm are removed here.
         killed = stop_children(ch.procs, stop_budget_s(loop.cfg.num_envs_per_worker))
         remove_engine_files(killed.values())
+        stop_fork_server()  # nothing of the run outlives msf-train's exit
         if ch.sampler is not None:
             try:
                 ch.sampler.close()

@@ -171,7 +171,7 @@ class TrainingLoop:
         # the run failed through an agreement (a worker's failure, on this replica or another), before this pass
         # trained: the learners' state is a whole iteration's, and a checkpoint of it loses nothing (_run_loop)
         self.learners_intact = False
-        # SIGUSR1s counted (request_checkpoint) and those an agreement has taken up: a count, not a flag that is
+        # SIGUSR1s counted (request_checkpoint) and those a checkpoint has served: a count, not a flag that is
         # reset, so that a signal between the read and the reset is not lost
         self.checkpoint_requests = self.checkpoint_requests_taken = 0
         self.iteration = 0
@@ -247,7 +247,6 @@ class TrainingLoop:
             has_batch=tuple(b is not None for b in batches),
         )
         self.since_agreement = _Counts()
-        self.checkpoint_requests_taken = requests
         self.progress.entered += 1
         t0 = time.monotonic()
         try:
@@ -358,6 +357,10 @@ class TrainingLoop:
                 self.last_summary = now
             self._summaries(log_status)
         if d.save_due:
+            # every request counted by now is served by this checkpoint, also one whose handler ran only as the
+            # agreement returned (its signal came while this replica waited in it: sent to every rank at once, it
+            # otherwise made a second checkpoint one iteration later)
+            self.checkpoint_requests_taken = self.checkpoint_requests
             self.last_save = now
             self.save()
         if d.stop:

@@ -348,6 +348,44 @@ def describe_exit(p: mp.Process) -> str:
     return f"exited with code {p.exitcode}"
 
 
+def stop_fork_server(timeout_s: float = 5.0) -> None:
+    """End this process's fork server, if it runs one, and wait up to ``timeout_s`` for it to exit (then kill it).
+
+    The server exits by itself once its parent's end of its alive pipe closes, but only after the parent has
+    exited: up to ~0.6 s after ``msf-train`` had ended, a script that looked for leftover processes (the next
+    step of a batch job) found it. Call this once the children have stopped (:func:`stop_children`); the next
+    :func:`spawn` starts a new server. It uses multiprocessing's record of the server (``_forkserver_pid``,
+    ``_forkserver_alive_fd``, ``_forkserver_address``), as ``ForkServer._stop`` does, with a bounded wait instead of
+    its unbounded ``waitpid``; where that record is not there (another Python), it does nothing."""
+    from multiprocessing import forkserver, util
+
+    server = getattr(forkserver, "_forkserver", None)
+    pid, fd = getattr(server, "_forkserver_pid", None), getattr(server, "_forkserver_alive_fd", None)
+    if pid is None or fd is None:
+        return
+    os.close(fd)
+    server._forkserver_alive_fd = None
+    deadline = time.monotonic() + timeout_s
+    try:
+        while os.waitpid(pid, os.WNOHANG) == (0, 0):
+            if time.monotonic() >= deadline:
+                log.warning("the workers' fork server (pid %d) did not exit within %.0f s: killed", pid, timeout_s)
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                break
+            time.sleep(0.01)
+    except ChildProcessError:  # reaped already
+        pass
+    server._forkserver_pid = None
+    address = getattr(server, "_forkserver_address", None)
+    if address and not util.is_abstract_socket_namespace(address):
+        try:
+            os.unlink(address)
+        except OSError:
+            pass
+    server._forkserver_address = None
+
+
 def _lost_fork_server(p: mp.Process) -> int | None:
     """The pid of the fork server that forked ``p``, when ``p``'s exit code is the 255 that multiprocessing reports
     for a child whose fork server is gone and that server is no longer running (or a zombie); else None."""
