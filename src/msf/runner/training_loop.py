@@ -230,7 +230,6 @@ class TrainingLoop:
     def _agree(self, failed: bool, now: float, time_spent: bool, batches: list[Batch | None]) -> Decision:
         """One all-reduce of this replica's :class:`Proposal`; adds the global counts to the counters."""
         c, is_main = self.since_agreement, self.rank.is_main
-        requests = self.checkpoint_requests
         proposal = Proposal(
             stop=self.stop_reason is not None,
             failed=failed,
@@ -238,7 +237,7 @@ class TrainingLoop:
             # same iterations on every run; the status line keeps its interval (_pass)
             summary_due=is_main and (self.cfg.deterministic or self._interval_passed(now)),
             save_due=(is_main and now - self.last_save >= self.cfg.save_every_sec)
-            or requests > self.checkpoint_requests_taken,
+            or self.checkpoint_requests > self.checkpoint_requests_taken,
             # with no batch, the replica enters the agreement for this
             time_spent=time_spent,
             env_steps=c.env_steps,
