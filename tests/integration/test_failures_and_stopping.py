@@ -100,7 +100,7 @@ def test_env_failure_ends_run_and_keeps_checkpoint(train_dir):
     assert state["env_steps"] > 0
 
 
-@pytest.mark.parametrize("nproc", [1, 2])
+@pytest.mark.parametrize("nproc", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_a_workers_failure_saves_the_learners_state_and_a_rerun_resumes_from_it(train_dir, nproc):
     """An env that raises ends the run (status ``failed``, exit code 1), but the learners were between two
     iterations, so their state is saved: with no periodic checkpoint (``--save_every_sec=1000``) a failed run kept
@@ -271,7 +271,7 @@ def test_a_sighup_to_the_process_group_stops_cleanly(train_dir, nproc):
     assert "Traceback" not in err, err[-3000:]
 
 
-@pytest.mark.parametrize("nproc, to", [(1, "every"), (2, "launcher"), (2, "every")])
+@pytest.mark.parametrize("nproc, to", [(1, "every"), (2, "launcher"), pytest.param(2, "every", marks=pytest.mark.slow)])
 def test_a_sigusr1_writes_a_checkpoint_and_the_run_goes_on(train_dir, nproc, to):
     """SIGUSR1 is "checkpoint now" (Slurm's ``--signal=USR1@60``, which without ``B:`` reaches every process of the
     job step): it ended every worker and the run at once (its default action), losing everything since the last
