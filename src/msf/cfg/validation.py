@@ -318,6 +318,15 @@ ENVPOOL_CLASSIC = (
     "MountainCarContinuous-v0",
     "Pendulum-v1",
 )
+ENVPOOL_FAMILIES = ("atari_", "mujoco_")
+ENVPOOL_SERVES = "atari_* and mujoco_* envs and " + ", ".join(ENVPOOL_CLASSIC)
+"""What ``--env_backend=envpool`` serves, in words, for its error messages."""
+
+
+def envpool_serves(env: str) -> bool:
+    """Whether msf's EnvPool backend serves ``env``: an ``atari_*`` or ``mujoco_*`` env or one of
+    :data:`ENVPOOL_CLASSIC` (whether EnvPool itself has the task is checked when it is made)."""
+    return env.startswith(ENVPOOL_FAMILIES) or env in ENVPOOL_CLASSIC
 
 
 def resolve_sample_factory_flags(cfg: Config, given: set[str]) -> Config:
@@ -336,11 +345,10 @@ def resolve_sample_factory_flags(cfg: Config, given: set[str]) -> Config:
                 "EnvPool per split): leave one of them out"
             )
         return cfg
-    if not cfg.env.startswith(("atari_", "mujoco_")) and cfg.env not in ENVPOOL_CLASSIC:
+    if not envpool_serves(cfg.env):
         raise ConfigError(
-            f"--batched_sampling: msf's batched sampling steps each split as one EnvPool, which serves atari_* and "
-            f"mujoco_* envs and {', '.join(ENVPOOL_CLASSIC)} only, not {cfg.env!r}: leave it out (each split's "
-            "envs are then stepped one by one)"
+            f"--batched_sampling: msf's batched sampling steps each split as one EnvPool, which serves "
+            f"{ENVPOOL_SERVES} only, not {cfg.env!r}: leave it out (each split's envs are then stepped one by one)"
         )
     if "env_backend" in given and cfg.env_backend != "envpool":
         raise ConfigError(

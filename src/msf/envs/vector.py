@@ -21,11 +21,8 @@ from typing import Any, Callable
 import gymnasium as gym
 import numpy as np
 
-from msf.cfg.validation import ENVPOOL_CLASSIC, ConfigError
+from msf.cfg.validation import ENVPOOL_CLASSIC, ENVPOOL_SERVES, ConfigError, envpool_serves
 from msf.envs.registry import env_config_of, make_env, num_agents_of
-
-ENVPOOL_FAMILIES = ("atari_", "mujoco_")
-ENVPOOL_SERVES = "atari_* and mujoco_* envs and " + ", ".join(ENVPOOL_CLASSIC)
 
 
 class GymSplit:
@@ -173,7 +170,7 @@ def envpool_task(name: str) -> str:
     from msf.envs.families import MUJOCO, family_of
 
     family = family_of(name)
-    if family not in ENVPOOL_FAMILIES and name not in ENVPOOL_CLASSIC:
+    if not envpool_serves(name):
         raise ConfigError(
             f"--env_backend=envpool: serves {ENVPOOL_SERVES} only, not {name!r}; use --env_backend=gymnasium"
         )

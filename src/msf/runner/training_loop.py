@@ -185,7 +185,7 @@ class TrainingLoop:
 
     def request_checkpoint(self) -> None:
         """Write a checkpoint at the next agreement (on any replica: rank 0 writes it), as when
-        ``--save_every_sec`` has passed; the run goes on. (A signal handler's: it only sets a flag.)"""
+        ``--save_every_sec`` has passed; the run goes on. (A signal handler's: it only counts the request.)"""
         self.checkpoint_requests += 1
 
     def request_stop(self, reason: str) -> None:

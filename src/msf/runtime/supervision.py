@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 import torch.multiprocessing as mp
 
+from msf import CHECKPOINT_SIGNAL
 from msf.runtime.registrations import restore, snapshot
 
 START_METHOD = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
@@ -75,7 +76,7 @@ def _child_main(
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     # and SIGUSR1, msf-train's "checkpoint now" (Slurm's --signal=USR1@60 reaches every process of a job step;
     # its default action would end this one)
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    signal.signal(CHECKPOINT_SIGNAL, signal.SIG_IGN)
     _as_a_fresh_process(environ or {})  # (for a spawned child: what it has already)
     if environ is not None:  # the parent's, as it was at spawn() (the fork server's is as it was when it started;
         os.environ.clear()  # and threadpoolctl's import above adds a variable)
@@ -293,7 +294,8 @@ def use_quiet_executable() -> None:
     import sys
     import tempfile
 
-    text = f"#!/bin/sh\ntrap '' INT HUP USR1\nexec {shlex.quote(sys.executable)} \"$@\"\n"
+    ignored = f"INT HUP {signal.Signals(CHECKPOINT_SIGNAL).name[3:]}"  # sh names signals without "SIG"
+    text = f"#!/bin/sh\ntrap '' {ignored}\nexec {shlex.quote(sys.executable)} \"$@\"\n"
     digest = hashlib.sha1(text.encode()).hexdigest()[:12]
     path = os.path.join(tempfile.gettempdir(), f"msf-python-{os.getuid()}-{digest}.sh")
     if not os.path.exists(path):
