@@ -224,3 +224,36 @@ def test_torchs_short_write_error_is_reported_as_a_full_disk(tmp_path, monkeypat
         save_checkpoint(_state(3, 0.0), str(tmp_path), keep=2)
     assert e.value.kept is None and str(e.value).endswith("there is no earlier checkpoint in that folder")
     assert list((tmp_path / "checkpoint_p0").iterdir()) == []  # no half-written file, no temporary file
+
+
+@pytest.mark.parametrize("planted", [None, 12.5])
+def test_a_rerun_keeps_the_earlier_attempts_best_as_the_value_to_beat(tmp_path, planted):
+    """A rerun in a folder whose best checkpoint was written after the state it starts from (an attempt that failed
+    before its first periodic checkpoint) replaces that best only with a better return."""
+    from types import SimpleNamespace
+
+    from msf.distributed.topology import RankInfo
+    from msf.persistence.checkpoint import best_on_disk, save_best_checkpoint
+    from msf.persistence.train_state import TrainState
+    from msf.runner.checkpoints import Checkpoints
+
+    if planted is not None:
+        save_best_checkpoint(_state(7, 0.0), str(tmp_path), "reward", planted)
+        folder = tmp_path / "checkpoint_p0"  # another metric's best (an earlier --save_best_metric) is not the bar
+        (folder / "best_000000006_60_other_metric_99.000.pth").write_bytes(
+            (folder / "best_000000007_70_reward_12.500.pth").read_bytes()
+        )
+    cfg = SimpleNamespace(
+        keep_checkpoints=2, save_best_metric="reward", save_best_after=0, save_best_every_sec=0, to_dict=dict
+    )
+    state = TrainState.fresh(num_policies=1, stats_avg=10)
+    state.capture = lambda policy, learner, cfg, world: _state(1, 0.0)
+    ckpt = Checkpoints(cfg, str(tmp_path), state, [None], RankInfo(), start_time=0.0)
+    ckpt.save_best(0, 10.0, frames=100)
+    ckpt.close()
+    assert best_on_disk(str(tmp_path), "reward") == (planted if planted is not None else 10.0)
+    ckpt = Checkpoints(cfg, str(tmp_path), state, [None], RankInfo(), start_time=0.0)
+    ckpt.save_best(0, 13.0, frames=100)
+    ckpt.close()
+    assert best_on_disk(str(tmp_path), "reward") == 13.0
+    assert state.policies[0].best_metric == 13.0

@@ -152,6 +152,23 @@ def save_best_checkpoint(state: dict, exp_dir: str, metric: str, value: float, p
     return path
 
 
+def best_on_disk(exp_dir: str, metric: str, policy: int = 0) -> float | None:
+    """The value of ``metric`` that policy ``policy``'s best checkpoint file in ``exp_dir`` was written for
+    (read from its name, ``best_{train_step}_{env_steps}_{metric}_{value}.pth``, rounded to 3 decimals; the largest
+    if there are several), or None when no best file of that metric is there. A rerun in the same folder keeps it
+    as the value to beat, so that an earlier attempt's best is never replaced by a worse one."""
+    values = []
+    for path in list_checkpoints(exp_dir, policy, kind="best"):
+        parts = os.path.basename(path)[len("best_") : -len(".pth")].split("_")
+        if "_".join(parts[2:-1]) != metric:
+            continue
+        try:
+            values.append(float(parts[-1]))
+        except ValueError:
+            continue
+    return max(values, default=None)
+
+
 def list_checkpoints(exp_dir: str, policy: int = 0, kind: str = "latest") -> list[str]:
     """Checkpoint paths, oldest first (by train step, then env steps).
 

@@ -12,6 +12,7 @@ from typing import Sequence
 from msf.cfg.config import Config
 from msf.distributed.topology import RankInfo
 from msf.learning.learner import Learner
+from msf.persistence.checkpoint import best_on_disk
 from msf.persistence.sf2_checkpoint import checkpoint_writer
 from msf.persistence.train_state import TrainState
 
@@ -44,6 +45,13 @@ class Checkpoints:
         ]
         self.last_milestone = start_time
         self.last_best = [start_time] * len(learners)
+        if rank.is_main:
+            # a best checkpoint written after the state this run starts from (an earlier attempt that failed before
+            # its next periodic checkpoint, or before its first) stays the one to beat
+            for p, ps in enumerate(state.policies):
+                earlier = best_on_disk(exp_dir, cfg.save_best_metric, p)
+                if earlier is not None and (ps.best_metric is None or earlier > ps.best_metric):
+                    ps.best_metric = earlier
 
     def capture(self, policy: int) -> dict:
         """Policy ``policy``'s training state now (see :meth:`TrainState.capture`)."""
