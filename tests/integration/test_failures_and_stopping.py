@@ -271,6 +271,30 @@ def test_a_sighup_to_the_process_group_stops_cleanly(train_dir, nproc):
     assert "Traceback" not in err, err[-3000:]
 
 
+def test_ranks_whose_launcher_was_killed_outright_stop_with_a_final_checkpoint(train_dir):
+    """A node launcher killed outright (``kill -9``, the OOM killer) sends its ranks torch's death signal, SIGINT,
+    once per thread of each rank. The ranks took the second for a second Ctrl-C and exited at once: everything since
+    the last checkpoint was lost (4 tries of 4 by hand). It is one stop now: each rank ends its iteration, writes
+    the final checkpoint and the summary, and nothing of the job is left."""
+    p = _start_in_own_session(train_dir, "orphans", 2)
+    try:
+        wait_until_training(train_dir / "orphans")
+        os.kill(p.pid, signal.SIGKILL)
+        # the ranks and their workers hold the pipes until they have all ended
+        out, err = p.communicate(timeout=60 + SLACK_S)
+        left = [a for a in _session_processes(p.pid) if "<defunct>" not in a]  # ended, not yet reaped by init
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert left == [], left
+    s = read_summary(train_dir, "orphans")
+    assert s["status"] == "stopped", err[-3000:]
+    (final,) = (train_dir / "orphans" / "checkpoint_p0").glob("checkpoint_*.pth")
+    assert final.name.endswith(f"_{s['env_steps']}.pth"), (final.name, s["env_steps"])
+
+
 @pytest.mark.parametrize("nproc, to", [(1, "every"), (2, "launcher"), pytest.param(2, "every", marks=pytest.mark.slow)])
 def test_a_sigusr1_writes_a_checkpoint_and_the_run_goes_on(train_dir, nproc, to):
     """SIGUSR1 is "checkpoint now" (Slurm's ``--signal=USR1@60``, which without ``B:`` reaches every process of the

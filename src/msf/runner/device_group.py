@@ -84,9 +84,20 @@ def failure_line(e: BaseException) -> str:
     return lines[0]
 
 
+def _spawned_by_a_launcher() -> bool:
+    """This process is a rank that msf's node launcher spawned. A second Ctrl-C is then the launcher's to act on
+    (it kills its ranks: :class:`msf.runner.launch._NodeSignals`), and a rank never exits on one itself: a launcher
+    killed outright (SIGKILL, the OOM killer) sends its ranks torch's death signal, SIGINT, once per thread of the
+    rank, which is one stop, not a Ctrl-C and a second one, and the rank still writes its final checkpoint."""
+    import multiprocessing
+
+    return multiprocessing.parent_process() is not None
+
+
 class _SignalHandler:
-    """First SIGINT/SIGTERM/SIGHUP: stop cleanly (final checkpoint). Second SIGINT: exit at once. A SIGTERM or
-    SIGHUP after the first signal changes nothing. SIGUSR1 (:data:`msf.CHECKPOINT_SIGNAL`): a checkpoint after the
+    """First SIGINT/SIGTERM/SIGHUP: stop cleanly (final checkpoint). Second SIGINT: exit at once (in a rank
+    of a node launcher, the launcher does that: :func:`_spawned_by_a_launcher`). A SIGTERM or SIGHUP after the
+    first signal changes nothing. SIGUSR1 (:data:`msf.CHECKPOINT_SIGNAL`): a checkpoint after the
     current iteration, and training goes on. (SIGHUP: a closed terminal or a dropped ssh session; by default
     it ended the run at once, with no final checkpoint and a traceback per lost semaphore from multiprocessing's
     resource tracker.)
@@ -122,7 +133,7 @@ class _SignalHandler:
     def __call__(self, signum: int, frame: Any) -> None:
         self.count += 1
         if self.count > 1:
-            if signum == signal.SIGINT:
+            if signum == signal.SIGINT and not _spawned_by_a_launcher():
                 os._exit(130)
             return
         log.warning(
