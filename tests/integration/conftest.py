@@ -133,12 +133,20 @@ def read_summary(train_dir: Path, experiment: str) -> dict:
 
 
 def wait_until_training(exp_dir: Path, timeout: float = 60.0) -> None:
-    """Wait until the run's log shows its first status line (training is under way)."""
+    """Wait until the run's log shows its first status line (training is under way).
+
+    Raises:
+        AssertionError: none within ``timeout`` seconds (with the log's end, if there is a log), rather than the
+            caller's next step failing on what is not there.
+    """
     import time
 
     log = exp_dir / "log.txt"
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and not (log.exists() and "frames" in log.read_text()):
+    while not (log.exists() and "frames" in log.read_text()):
+        if time.monotonic() > deadline:
+            tail = log.read_text()[-3000:] if log.exists() else f"(no {log})"
+            raise AssertionError(f"no status line within {timeout:.0f} s:\n{tail}")
         time.sleep(0.5)
 
 

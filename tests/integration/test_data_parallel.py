@@ -145,7 +145,7 @@ def _processes_with(marker: str) -> list[int]:
     return pids
 
 
-@pytest.mark.parametrize("killed", [1, 0])
+@pytest.mark.parametrize("killed", [1, pytest.param(0, marks=pytest.mark.slow)])
 def test_a_killed_replica_ends_the_job_and_leaves_nothing_behind(train_dir, killed):
     """Rank 1 or rank 0 (the store's host) is SIGKILLed while training: exit code 1, the lost rank named, nothing
     left behind, and no c10d warnings from the survivor's store client (each came with a C++ stack trace)."""

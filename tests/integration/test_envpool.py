@@ -105,7 +105,9 @@ def test_atari_pool_matches_the_gymnasium_preprocessing():
     split.close()
 
 
-@pytest.mark.parametrize("env, frameskip", [("atari_pong", 4), ("mujoco_hopper", 1)])
+@pytest.mark.parametrize(
+    "env, frameskip", [("atari_pong", 4), pytest.param("mujoco_hopper", 1, marks=pytest.mark.slow)]
+)
 def test_training_with_envpool_end_to_end(train_dir, env, frameskip):
     r = run_msf(
         [

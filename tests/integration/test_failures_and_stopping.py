@@ -254,7 +254,7 @@ def test_a_sigterm_to_every_process_of_the_job_stops_it_cleanly(train_dir, nproc
     _assert_stopped_with_a_final_checkpoint(train_dir, "all", p.returncode, err)
 
 
-@pytest.mark.parametrize("nproc", [1, 2])
+@pytest.mark.parametrize("nproc", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_a_sighup_to_the_process_group_stops_cleanly(train_dir, nproc):
     """A closed terminal or a dropped ssh session sends SIGHUP to the foreground process group: it ended the run at
     once (exit code 129, no summary, no final checkpoint) and multiprocessing's resource tracker, killed with it,
@@ -516,10 +516,12 @@ def _environ_has(pid: int, marker: bytes) -> bool:
             [(0.3, "pid", INT), (0.6, "pid", INT), (1.0, "pid", INT), (1.5, "group", INT), (2.0, "pid", INT)]
             + [(2.5, "pid", INT), (3.0, "group", INT), (1.0, "pid", TERM), (2.0, "group", TERM), (3.0, "pid", TERM)],
         ),
-        (
+        pytest.param(
             2,
             [(0.5, "pid", INT), (2.0, "group", INT), (3.0, "pid", INT), (4.0, "group", INT), (6.0, "pid", INT)]
             + [(1.5, "group", TERM), (4.0, "pid", TERM)],
+            marks=pytest.mark.slow,  # 25 s; the default suite keeps one group's tries
+            id="2-tries1",
         ),
     ],
 )
