@@ -17,7 +17,8 @@ Two modes:
   framework's share of the CPU ceiling.
 * ``--mode curves --frames 2000000``: each trains to that many frames; the table gives the mean
   return (last 100 episodes) at every 20% of the budget, the wall time and the FPS, and the return of
-  a random policy beside them.
+  a random policy beside them. ``--msf_arm "FLAGS"`` (repeatable) adds a msf row trained with those flags added:
+  an A/B of a flag's effect on the curve, in the same run.
 
 The arguments are Sample Factory's own defaults for these families (``atari_override_defaults``, and for
 Doom its global defaults with the Doom overrides), spelled as msf flags; Sample Factory gets the same
@@ -27,7 +28,7 @@ the worker counts for this machine; both normalise images per pixel (``--normali
 both).
 
 Usage: python benchmarks/families.py [--mode throughput|curves] [--seconds 120] [--frames 2000000]
-       [--sf2_python /tmp/anchors-venv/bin/python] [--only atari_pong] [--short]
+       [--sf2_python /tmp/anchors-venv/bin/python] [--only atari_pong] [--short] [--msf_arm "FLAGS"]
 """
 
 from __future__ import annotations
@@ -306,6 +307,13 @@ def main() -> None:
         action="store_true",
         help="throughput: leave out the pinned raw loop, the unpinned training and the EnvPool rows",
     )
+    ap.add_argument(
+        "--msf_arm",
+        action="append",
+        default=[],
+        metavar="FLAGS",
+        help="curves: one more msf row, trained with these msf-train flags added (quoted; repeatable), after msf's own",
+    )
     a = ap.parse_args()
     names = [a.only] if a.only else list(PIXEL)
     if a.mode == "throughput":
@@ -314,6 +322,8 @@ def main() -> None:
     for name in names:
         print(f"\n{name}: {a.frames:,} frames; random policy: {random_return(name):.1f}")
         runs = {"msf": run_msf(name, 0, a.frames)}
+        for arm in a.msf_arm:
+            runs[f"msf {arm}"] = run_msf(name, 0, a.frames, arm.split())
         if a.sf2_python:
             runs["Sample Factory 2"] = run_sf2(a.sf2_python, name, 0, a.frames)
         marks = [a.frames * k // 5 for k in range(1, 6)]
