@@ -84,20 +84,13 @@ def failure_line(e: BaseException) -> str:
     return lines[0]
 
 
-def _spawned_by_a_launcher() -> bool:
-    """This process is a rank that msf's node launcher spawned. A second Ctrl-C is then the launcher's to act on
-    (it kills its ranks: :class:`msf.runner.launch._NodeSignals`), and a rank never exits on one itself: a launcher
-    killed outright (SIGKILL, the OOM killer) sends its ranks torch's death signal, SIGINT, once per thread of the
-    rank, which is one stop, not a Ctrl-C and a second one, and the rank still writes its final checkpoint."""
-    import multiprocessing
-
-    return multiprocessing.parent_process() is not None
-
-
 class _SignalHandler:
-    """First SIGINT/SIGTERM/SIGHUP: stop cleanly (final checkpoint). Second SIGINT: exit at once (in a rank
-    of a node launcher, the launcher does that: :func:`_spawned_by_a_launcher`). A SIGTERM or SIGHUP after the
-    first signal changes nothing. SIGUSR1 (:data:`msf.CHECKPOINT_SIGNAL`): a checkpoint after the
+    """First SIGINT/SIGTERM/SIGHUP: stop cleanly (final checkpoint). Second SIGINT: exit at once, unless
+    ``launcher_ends_on_second_interrupt`` (a rank that msf's node launcher spawned: the launcher's own second SIGINT
+    kills its ranks, :class:`msf.runner.launch._NodeSignals`). A launcher killed outright (SIGKILL, the OOM killer)
+    sends its ranks torch's death signal, SIGINT, once per thread of each rank: that is one stop, not a Ctrl-C and a
+    second one, and such a rank still writes its final checkpoint. A SIGTERM or SIGHUP after the first signal
+    changes nothing. SIGUSR1 (:data:`msf.CHECKPOINT_SIGNAL`): a checkpoint after the
     current iteration, and training goes on. (SIGHUP: a closed terminal or a dropped ssh session; by default
     it ended the run at once, with no final checkpoint and a traceback per lost semaphore from multiprocessing's
     resource tracker.)
@@ -111,9 +104,10 @@ class _SignalHandler:
     from a ``kill -INT`` of its own pid (:class:`msf.runner.launch._NodeSignals`); it is the same stop.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, launcher_ends_on_second_interrupt: bool = False) -> None:
         self.loop: TrainingLoop | None = None
         self.count = 0
+        self.exit_on_second_interrupt = not launcher_ends_on_second_interrupt
         self.old = {s: signal.signal(s, self) for s in STOP_SIGNALS}
         self.old[CHECKPOINT_SIGNAL] = signal.signal(CHECKPOINT_SIGNAL, self._checkpoint)
 
@@ -133,7 +127,7 @@ class _SignalHandler:
     def __call__(self, signum: int, frame: Any) -> None:
         self.count += 1
         if self.count > 1:
-            if signum == signal.SIGINT and not _spawned_by_a_launcher():
+            if signum == signal.SIGINT and self.exit_on_second_interrupt:
                 os._exit(130)
             return
         log.warning(
@@ -233,7 +227,9 @@ def _start_workers(
     return Channels(full_queue, free_queues, stats_queue, failures, procs, inference_stats, rollout_wait)
 
 
-def run_device_group(cfg: Config, spaces: EnvSpaces, rank: RankInfo, heartbeat: Any = None) -> dict | None:
+def run_device_group(
+    cfg: Config, spaces: EnvSpaces, rank: RankInfo, heartbeat: Any = None, spawned_by_node_launcher: bool = False
+) -> dict | None:
     """Train one policy on this device group until done; rank 0 writes and returns ``summary.json``.
 
     ``cfg`` is the node's resolved config (see :func:`msf.runner.launch.resolve`); this
@@ -242,6 +238,8 @@ def run_device_group(cfg: Config, spaces: EnvSpaces, rank: RankInfo, heartbeat: 
     ``"failed"``, the last checkpoint is left as it was, and then :class:`RunFailed` is raised on
     every rank (so that every node's launcher sees the failure and may restart). ``heartbeat``: the rank's
     :class:`~msf.distributed.rendezvous.Heartbeat` (several ranks), to which the loop reports its progress.
+    ``spawned_by_node_launcher``: this rank's process is a child of msf's node launcher, which acts on a second
+    Ctrl-C itself (see :class:`_SignalHandler`).
     """
     use_quiet_executable()  # before any queue: the first one starts multiprocessing's resource tracker
     group_cfg = rank_config(cfg, rank)
@@ -291,7 +289,7 @@ def run_device_group(cfg: Config, spaces: EnvSpaces, rank: RankInfo, heartbeat: 
     # From here a signal stops the run cleanly. With several ranks, a rank whose start-up a signal ended (before
     # this line) makes the others fail in the collective that _start_rank_workers begins with, before any of them
     # reaches its training loop (where a missing peer would end the run with status "failed").
-    signals = _SignalHandler()
+    signals = _SignalHandler(launcher_ends_on_second_interrupt=spawned_by_node_launcher)
     try:
         stop_event = CTX.Event()
         ch = _start_rank_workers(cfg, group_cfg, derived, spaces, buffer, weights, device, stop_event, rank, world)

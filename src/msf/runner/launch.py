@@ -401,7 +401,7 @@ def _run_rank(rank: RankInfo, cfg: Config, spaces: EnvSpaces, plan: NodePlan, at
     log.info("joined the process group: entered %.3f left %.3f", entered, time.time())
     beat = Heartbeat(meeting.store, rank, cfg.dist_timeout, lambda r: _host_label(plan, r, cfg.nproc_per_node))
     try:
-        run_device_group(cfg, spaces, rank, beat)
+        run_device_group(cfg, spaces, rank, beat, spawned_by_node_launcher=plan.launcher == "local")
     except Exception as e:
         # a failure every rank agreed on names its cause already, and so does a timed-out agreement; anything
         # else may be a lost peer
