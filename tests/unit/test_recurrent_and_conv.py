@@ -153,6 +153,23 @@ def test_policy_initialization_covers_the_convolutions():
     assert not torch.allclose(w @ w.T, torch.eye(32, dtype=torch.float64), atol=1e-2)
 
 
+@pytest.mark.parametrize("head_gain, want", [(None, 1.5), (0.01, 0.01)])
+def test_the_action_head_starts_at_its_own_gain_or_sample_factorys(head_gain, want):
+    """The action head's weight ``[A, H]`` has orthogonal rows of norm ``--action_head_init_gain`` (default: the
+    ``--policy_init_gain`` of every other layer, as Sample Factory initialises them all); the value head and the
+    encoder keep ``--policy_init_gain``."""
+    spaces = EnvSpaces((4, 84, 84), np.uint8, True, 6)
+    torch.manual_seed(0)
+    cfg = Config(encoder_conv_architecture="convnet_atari", policy_init_gain=1.5, action_head_init_gain=head_gain)
+    model = ActorCritic(cfg, spaces)
+    w = model.action_head.weight.detach().double()
+    assert w.shape == (6, 512)
+    torch.testing.assert_close(w @ w.T, want**2 * torch.eye(6, dtype=torch.float64), atol=1e-6, rtol=1e-5)
+    v = model.value_head.weight.detach().double()
+    torch.testing.assert_close(v @ v.T, torch.tensor([[1.5**2]], dtype=torch.float64), atol=1e-6, rtol=1e-5)
+    assert model.action_head.bias.abs().max() == 0.0
+
+
 @pytest.mark.parametrize(
     "arch, obs_shape",
     [("convnet_atari", (4, 84, 84)), ("convnet_simple", (72, 128, 3)), ("resnet_impala", (3, 64, 64))],

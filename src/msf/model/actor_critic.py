@@ -129,24 +129,24 @@ class ActorCritic(nn.Module):
             if self.continuous and not self.adaptive_stddev
             else None
         )
-        self._initialize(cfg.policy_initialization, cfg.policy_init_gain)
+        head_gain = cfg.policy_init_gain if cfg.action_head_init_gain is None else cfg.action_head_init_gain
+        self._initialize(cfg.policy_initialization, cfg.policy_init_gain, head_gain)
         if self.critic_decoder is not None:
             self.register_load_state_dict_pre_hook(_shared_decoder_for_both)
 
-    def _initialize(self, kind: str, gain: float) -> None:
+    def _initialize(self, kind: str, gain: float, head_gain: float) -> None:
         if kind == "torch_default":
             return
         # linear and convolutional layers, as Sample Factory's policy_initialization (the recurrent core keeps
-        # torch's own initialisation there too)
+        # torch's own initialisation there too); the action head with its own gain (--action_head_init_gain)
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.Conv2d)):
+                g = head_gain if m is self.action_head else gain
                 if kind == "orthogonal":
-                    nn.init.orthogonal_(m.weight, gain=gain)
+                    nn.init.orthogonal_(m.weight, gain=g)
                 else:
-                    nn.init.xavier_uniform_(m.weight, gain=gain)
+                    nn.init.xavier_uniform_(m.weight, gain=g)
                 nn.init.zeros_(m.bias)
-        # small initial policy logits: a near-uniform first policy (Andrychowicz et al. 2021, sec. 3.2)
-        nn.init.orthogonal_(self.action_head.weight, gain=0.01)
 
     def normalize_obs(self, obs: torch.Tensor) -> torch.Tensor:
         """``[N, *obs_shape]`` observations as float32, vectors normalised (or only scaled, see the class); images
