@@ -10,9 +10,9 @@ from msf.cfg.arguments import parse_args
 from msf.cfg.presets import ATARI_SMALL_MACHINE_FLAGS, SF_ATARI_FLAGS
 from msf.envs.families import apply_family_defaults
 
-SF_ATARI = json.loads((Path(__file__).resolve().parents[1] / "data" / "sf2_flags.json").read_text())["family_defaults"][
-    "atari_"
-]
+SF2 = json.loads((Path(__file__).resolve().parents[1] / "data" / "sf2_flags.json").read_text())
+SF_ATARI = SF2["family_defaults"]["atari_"]
+SF_FLAGS = SF2["flags"]
 
 
 def test_the_atari_small_machine_preset_is_sample_factorys_atari_arguments_but_epochs_async_and_lr_schedule():
@@ -29,6 +29,9 @@ def test_the_atari_small_machine_preset_is_sample_factorys_atari_arguments_but_e
         "num_envs_per_worker": (1, 4),
     }
     assert cfg.num_workers * cfg.num_envs_per_worker == SF_ATARI["num_workers"] * SF_ATARI["num_envs_per_worker"]
+    # msf's own flag (Sample Factory has none): the near-uniform first policy, where SF_ATARI_FLAGS keep SF's rule
+    sf_gain = next(f["default"] for f in SF_FLAGS if f["flag"] == "--policy_init_gain")
+    assert (cfg.action_head_init_gain, cfg.policy_init_gain) == (0.01, sf_gain)
 
 
 def test_sample_factorys_atari_flags_differ_from_its_atari_defaults_only_in_the_worker_counts():
@@ -37,3 +40,4 @@ def test_sample_factorys_atari_flags_differ_from_its_atari_defaults_only_in_the_
     cfg = apply_family_defaults(cfg, given)
     changed = {k: (v, getattr(cfg, k)) for k, v in SF_ATARI.items() if getattr(cfg, k) != v}
     assert changed == {"num_workers": (8, 2), "num_envs_per_worker": (1, 4)}
+    assert cfg.action_head_init_gain is None  # the action head takes policy_init_gain, as Sample Factory's
