@@ -594,8 +594,6 @@ def test_sigint_at_any_moment_of_the_start_up_ends_it_with_130_and_one_line(trai
             # nothing trained, nothing saved; on a fast machine the later tries land after the first training step,
             # and then the clean stop keeps what was trained (a final checkpoint)
             assert bool(saved) == (s["train_steps"] > 0), (s["train_steps"], saved)
-            continue
-        assert not list(exp.glob("checkpoint_p*/checkpoint_*.pth"))
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and any(
         _environ_has(int(d), marker.encode()) for d in os.listdir("/proc") if d.isdigit()
