@@ -17,8 +17,11 @@ Two modes:
   framework's share of the CPU ceiling.
 * ``--mode curves --frames 2000000``: each trains to that many frames; the table gives the mean
   return (last 100 episodes) at every 20% of the budget, the wall time and the FPS, and the return of
-  a random policy beside them. ``--msf_arm "FLAGS"`` (repeatable) adds a msf row trained with those flags added:
-  an A/B of a flag's effect on the curve, in the same run.
+  a random policy beside them. ``--msf_arm="FLAGS"`` (repeatable; the ``=`` is needed) adds a msf row
+  trained with those flags added: an A/B of a flag's effect on the curve, in the same run. ``--score X``
+  adds, per row, the wall time from the command's start and the frames at the first status line whose
+  mean return reached X (game units: Sample Factory 2's doom_basic returns, which its env scales by 0.01,
+  are multiplied back by 100).
 
 The arguments are Sample Factory's own defaults for these families (``atari_override_defaults``, and for
 Doom its global defaults with the Doom overrides), spelled as msf flags; Sample Factory gets the same
@@ -28,7 +31,7 @@ the worker counts for this machine; both normalise images per pixel (``--normali
 both).
 
 Usage: python benchmarks/families.py [--mode throughput|curves] [--seconds 120] [--frames 2000000]
-       [--sf2_python /tmp/anchors-venv/bin/python] [--only atari_pong] [--short] [--msf_arm "FLAGS"]
+       [--sf2_python /tmp/anchors-venv/bin/python] [--only atari_pong] [--short] [--msf_arm="FLAGS"] [--score X]
 """
 
 from __future__ import annotations
@@ -77,6 +80,9 @@ SF2_ENTRY = {
 MSF_STATUS = re.compile(r"frames (\d+) \| fps (\d+) \(10 s\).*? return_mean (n/a|-?[\d.]+)")
 SF2_STATUS = re.compile(r"Fps is \(10 sec: ([\d.na]+),.*Total num frames: (\d+)")
 SF2_REWARD = re.compile(r"Avg episode reward: \[\(0, '(-?[\d.]+)'\)\]")
+# Sample Factory 2's doom_basic multiplies every reward by 0.01 in its env (its DoomSpec); its printed returns
+# are divided back into game units here, so that both rows (and --score) read in the same units
+SF2_RETURN_UNITS = {"doom_basic": 100.0}
 
 
 def _run(cmd: list[str], parse, seconds: float, cwd: str) -> tuple[list[tuple], float]:
@@ -146,7 +152,7 @@ def run_sf2(python: str, name: str, seconds: float, frames: int | None) -> tuple
             return t, int(m.group(2)), fps, None
         m = SF2_REWARD.search(line)
         if m and last:
-            return last["t"], last["frames"], last["fps"], float(m.group(1))
+            return last["t"], last["frames"], last["fps"], float(m.group(1)) * SF2_RETURN_UNITS.get(name, 1.0)
         return None
 
     # Sample Factory's command line refuses linear_decay, which is its Atari default: leave the flag to it
@@ -314,6 +320,12 @@ def main() -> None:
         metavar="FLAGS",
         help="curves: one more msf row, trained with these msf-train flags added (quoted; repeatable), after msf's own",
     )
+    ap.add_argument(
+        "--score",
+        type=float,
+        default=None,
+        help="curves: also report the wall time (s, from the command's start) and frames to this mean return",
+    )
     a = ap.parse_args()
     names = [a.only] if a.only else list(PIXEL)
     if a.mode == "throughput":
@@ -327,15 +339,24 @@ def main() -> None:
         if a.sf2_python:
             runs["Sample Factory 2"] = run_sf2(a.sf2_python, name, 0, a.frames)
         marks = [a.frames * k // 5 for k in range(1, 6)]
-        print("| system | " + " | ".join(f"return at {m / 1e6:.1f}M" for m in marks) + " | wall s | FPS |")
-        print("|---|" + "---|" * (len(marks) + 2))
+        to_score = [f"s to {a.score:g}", f"frames to {a.score:g}"] if a.score is not None else []
+        print(
+            "| system | "
+            + " | ".join([*(f"return at {m / 1e6:.2f}M" for m in marks), "wall s", "FPS", *to_score])
+            + " |"
+        )
+        print("|---|" + "---|" * (len(marks) + 2 + len(to_score)))
         for system, (rows, wall) in runs.items():
             rets = []
             for m in marks:
                 seen = [r[3] for r in rows if r[1] <= m * 1.02 and r[3] is not None]
                 rets.append(f"{seen[-1]:.1f}" if seen else "n/a")
             last = rows[-1][1] if rows else 0
-            print(f"| {system} | " + " | ".join(rets) + f" | {wall:.0f} | {last / max(wall, 1e-9):,.0f} |", flush=True)
+            cells = [*rets, f"{wall:.0f}", f"{last / max(wall, 1e-9):,.0f}"]
+            if a.score is not None:
+                hit = next((r for r in rows if r[3] is not None and r[3] >= a.score), None)
+                cells += [f"{hit[0]:.0f}", f"{hit[1]:,}"] if hit else ["not reached", "not reached"]
+            print(f"| {system} | " + " | ".join(cells) + " |", flush=True)
 
 
 if __name__ == "__main__":

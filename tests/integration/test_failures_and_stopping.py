@@ -224,7 +224,8 @@ def test_a_signal_to_the_fork_server_is_survived_or_named(train_dir, sig):
         assert "code 255" not in error, error
 
 
-@pytest.mark.parametrize("nproc", [1, 2])
+# one group's SIGTERM is also test_signal_stops_cleanly_with_final_checkpoint's; the default suite keeps two groups
+@pytest.mark.parametrize("nproc", [pytest.param(1, marks=pytest.mark.slow), 2])
 def test_a_sigterm_to_every_process_of_the_job_stops_it_cleanly(train_dir, nproc):
     """Slurm's ``scancel`` (its cgroup process tracking) and systemd's control-group kill send SIGTERM to every
     process of the job, not only to a process group: the workers (each leads a group of its own) died of it, and
@@ -295,7 +296,15 @@ def test_ranks_whose_launcher_was_killed_outright_stop_with_a_final_checkpoint(t
     assert final.name.endswith(f"_{s['env_steps']}.pth"), (final.name, s["env_steps"])
 
 
-@pytest.mark.parametrize("nproc, to", [(1, "every"), (2, "launcher"), pytest.param(2, "every", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "nproc, to",
+    # the default suite keeps the launcher's forwarding to two groups; a SIGUSR1 to every process runs with -m slow
+    [
+        pytest.param(1, "every", marks=pytest.mark.slow),
+        (2, "launcher"),
+        pytest.param(2, "every", marks=pytest.mark.slow),
+    ],
+)
 def test_a_sigusr1_writes_a_checkpoint_and_the_run_goes_on(train_dir, nproc, to):
     """SIGUSR1 is "checkpoint now" (Slurm's ``--signal=USR1@60``, which without ``B:`` reaches every process of the
     job step): it ended every worker and the run at once (its default action), losing everything since the last
@@ -350,7 +359,7 @@ def test_a_scripts_background_job_starts_with_sigint_ignored():
     assert int(out.stdout.split()[1], 16) & (1 << (signal.SIGINT - 1)), out.stdout
 
 
-@pytest.mark.parametrize("nproc", [1, 2])
+@pytest.mark.parametrize("nproc", [1, pytest.param(2, marks=pytest.mark.slow)])  # 10 s; one group in the default suite
 def test_sigint_to_the_launcher_of_a_scripts_background_job_stops_cleanly(train_dir, nproc):
     """``kill -INT <pid>`` of msf-train started in the background by a script (SIGINT ignored): with several
     device groups the launcher ignored SIGINT and the job trained on. It is a Ctrl-C now: a clean stop."""

@@ -77,7 +77,7 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.parametrize("groups", [1, 2])
+@pytest.mark.parametrize("groups", [1, pytest.param(2, marks=pytest.mark.slow)])  # 9 s; one group in the default suite
 def test_an_env_failing_in_the_workers_is_named_with_its_exception(tmp_path, groups):
     script = tmp_path / "failing.py"
     script.write_text(FAILING)

@@ -131,7 +131,13 @@ def test_a_budget_below_one_iteration_trains_that_iteration_and_saves_it(train_d
     assert (state["env_steps"], state["train_step"]) == (1024, 2)
 
 
-@pytest.mark.parametrize("extra", [[], ["--nproc_per_node=2", "--batch_size=256"]], ids=["one-group", "two-groups"])
+@pytest.mark.parametrize(
+    "extra",
+    # two groups' agreed stop (17 s) runs with -m slow; test_data_parallel's Ctrl-C test stops two groups at one
+    # iteration in the default suite
+    [[], pytest.param(["--nproc_per_node=2", "--batch_size=256"], marks=pytest.mark.slow)],
+    ids=["one-group", "two-groups"],
+)
 def test_stop_at_return_mean_ends_the_run_at_the_first_summary_that_reaches_it(train_dir, extra):
     """--stop_at_return_mean=150 with a budget of 300k steps (CartPole reaches 150 in ~30-60k with these settings):
     the run ends "done" at the first summary whose mean return is >= 150 (TensorBoard's first such point is its
