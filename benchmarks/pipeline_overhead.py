@@ -6,7 +6,8 @@ For each workload, measured in this run, in env steps per second (frames for the
     (``throughput.raw_env_fps``; the gymnasium backend and msf's wrappers, as a rollout worker has them);
 (b) msf's sampler with a zero-cost policy: the real rollout workers, inference worker, pipes and trajectory
     buffer, the learner replaced by a stand-in that hands every finished trajectory's slot straight back
-    (``throughput.sampler_fps``), the encoder replaced by ``zero_policy.ZeroEncoder`` (``[N, 1]`` zeros);
+    (``throughput.sampler_fps``), the encoder replaced by ``zero_policy.ZeroEncoder`` (``[N, 1]`` zeros)
+    and a recurrent core by ``zero_policy.ZeroCore`` (zeros out, states passed through);
 (c) the same sampler with the workload's real policy.
 
 For (b) it also reads, from ``/proc``, where the CPU time of the measured window went (``throughput.cost_breakdown``):
