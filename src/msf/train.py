@@ -67,7 +67,8 @@ def check_model(cfg, spaces):
             if len(spaces.obs_shape) == 3
             else "env"
         )
-        raise ConfigError(f"--{flag}: {e}") from None
+        hint = ", or a larger --atari_screen_size" if flag != "encoder_custom" and cfg.env.startswith("atari_") else ""
+        raise ConfigError(f"--{flag}: {e}{hint}") from None
     if cfg.exploration_loss == "symmetric_kl" and model.mask_slice is not None:
         raise ConfigError(
             f"--exploration_loss=symmetric_kl: {cfg.env} masks actions (an action_mask observation), "

@@ -88,15 +88,16 @@ def test_the_observation_returned_with_an_episode_end_is_the_next_episodes_first
     split.close()
 
 
-def test_atari_pool_matches_the_gymnasium_preprocessing():
+@pytest.mark.parametrize("size", [84, 64])
+def test_atari_pool_matches_the_gymnasium_preprocessing(size):
     from msf.envs.registry import env_config_of, env_spaces
 
-    cfg = Config(env="atari_pong", env_backend="envpool")
+    cfg = Config(env="atari_pong", env_backend="envpool", atari_screen_size=size)
     spaces = env_spaces(cfg.env, env_config_of(cfg))
     check_envpool(cfg, spaces)  # same shapes and actions, or a ConfigError
     split = EnvPoolSplit(cfg, 0, [0, 1], seed=0)
     obs = split.reset()
-    assert obs.shape == (2, 4, 84, 84) and obs.dtype == np.uint8 and obs.std() > 1
+    assert obs.shape == (2, 4, size, size) and obs.dtype == np.uint8 and obs.std() > 1
     rewards = []
     for _ in range(300):
         obs, rew, term, trunc = split.step(np.random.default_rng(0).integers(0, 6, size=2))

@@ -28,6 +28,7 @@ SMALL_RUN = ["--num_workers=2", "--num_envs_per_worker=4", "--batch_size=256", "
         ("--lr_schedule=cosine", "argument --lr_schedule: invalid choice: 'cosine'"),
         ("--gamma=1.5", "--gamma: must be in [0, 1], got 1.5"),
         ("--res_w=0", "--res_w: must be a positive integer, got 0"),
+        ("--atari_screen_size=0", "--atari_screen_size: must be a positive integer, got 0"),
         ("--num_policies=0", "--num_policies: must be in [1, 64], got 0"),
         ("--with_pbt=True", "--with_pbt: needs --num_policies of at least 2"),
         ("--train_dir=/proc/msf_not_writable", "--train_dir: '/proc/msf_not_writable' is not a writable folder"),

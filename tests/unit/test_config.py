@@ -260,3 +260,21 @@ def test_symmetric_kl_is_refused_where_it_is_undefined():
     with pytest.raises(ConfigError, match="masks actions"):
         check_model(cfg, masked)
     check_model(cfg, EnvSpaces((3,), np.float32, False, 5, action_nvec=(3, 2)))  # MultiDiscrete: fine
+
+
+def test_an_atari_screen_too_small_for_the_conv_stack_names_both_flags():
+    """convnet_atari (8x8/4, 4x4/2, 3x3/1) needs 36 pixels: 36 builds, 35 is refused before anything spawns, with
+    the flag that makes it fit named."""
+    import numpy as np
+
+    from msf.envs.registry import EnvSpaces
+    from msf.train import check_model
+
+    cfg = Config(env="atari_pong", encoder_conv_architecture="convnet_atari", atari_screen_size=35)
+    check_model(cfg, EnvSpaces((4, 36, 36), np.uint8, True, 6))
+    with pytest.raises(
+        ConfigError,
+        match=r"^--encoder_conv_architecture: images of shape \(4, 35, 35\) are too small for "
+        r"--encoder_conv_architecture=convnet_atari; .*, or a larger --atari_screen_size$",
+    ):
+        check_model(cfg, EnvSpaces((4, 35, 35), np.uint8, True, 6))

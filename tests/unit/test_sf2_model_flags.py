@@ -165,6 +165,28 @@ def test_env_framestack_sets_the_atari_stack(stack, shape):
     env.close()
 
 
+@pytest.mark.skipif(importlib.util.find_spec("ale_py") is None, reason="the atari extra is not installed")
+def test_atari_screen_size_resizes_the_same_screen():
+    """--atari_screen_size=64: [4, 64, 64] observations of the same game state as the 84-px env's with the same
+    seed (the area resize keeps the mean brightness: within 1 of 255 of the 84-px frame's, frame by frame), and a
+    model flag that a resumed run cannot change."""
+    from msf.cfg.config import FIXED_FLAGS
+    from msf.envs.registry import env_config_of, make_env
+
+    obs = {}
+    for size in (84, 64):
+        env = make_env("atari_pong", env_config_of(Config(env="atari_pong", atari_screen_size=size)))
+        o, _ = env.reset(seed=3)
+        for _ in range(40):
+            o, *_ = env.step(2)
+        assert o.shape == (4, size, size) == env.observation_space.shape and o.dtype == np.uint8
+        obs[size] = o.reshape(4, -1).astype(np.float64)
+        env.close()
+    assert obs[84].std() > 1
+    np.testing.assert_allclose(obs[64].mean(axis=1), obs[84].mean(axis=1), atol=1.0)
+    assert "atari_screen_size" in FIXED_FLAGS
+
+
 def test_eval_env_frameskip_repeats_each_action_over_smaller_steps():
     from msf.envs.families import eval_frameskip
 

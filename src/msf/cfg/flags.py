@@ -201,6 +201,13 @@ class SamplingFlags:
     atari_full_action_space: bool = flag(
         False, "atari_*: the full set of 18 actions instead of the game's minimal set", scope=(FIXED,)
     )
+    atari_screen_size: int = flag(
+        84,
+        "atari_*: side of the square grayscale observation after the resize, in pixels (gymnasium's "
+        "AtariPreprocessing screen_size; 84 as in Mnih et al. 2015). The small-machine preset's 52 cuts the conv "
+        "stack's work ~4x (README, 'Settings for Atari on a small machine')",
+        scope=(FIXED,),
+    )
     res_w: int = flag(128, "doom_*: width of the observation after the resize, in pixels (Sample Factory's flag)")
     res_h: int = flag(72, "doom_*: height of the observation after the resize, in pixels (Sample Factory's flag)")
     wide_aspect_ratio: bool = flag(

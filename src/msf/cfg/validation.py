@@ -72,6 +72,7 @@ POSITIVE_INTS = (
     "train_for_env_steps",
     "train_for_seconds",
     "num_batches_to_accumulate",
+    "atari_screen_size",
     "res_w",
     "res_h",
     "pbt_period_env_steps",

@@ -128,10 +128,10 @@ def _atari_id(game: str) -> str:
 
 def make_atari(name: str, env_config: dict[str, Any]) -> gym.Env:
     """``atari_<game>``: no-op starts (30), frameskip 4 (``env_config["frameskip"]``) with max-pooling of the last two
-    frames, 84x84 grayscale, a stack of ``env_framestack`` (4) frames ``[env_framestack, 84, 84]`` uint8; for
-    training also life loss as episode end and rewards clipped to [-1, 1]. Sticky actions
-    (``repeat_action_probability=0.25``) and the full action set with ``env_config`` ``atari_sticky_actions`` /
-    ``atari_full_action_space``."""
+    frames, S x S grayscale (S: ``env_config["atari_screen_size"]``, 84), a stack of ``env_framestack`` (4) frames
+    ``[env_framestack, S, S]`` uint8; for training also life loss as episode end and rewards clipped to [-1, 1].
+    Sticky actions (``repeat_action_probability=0.25``) and the full action set with ``env_config``
+    ``atari_sticky_actions`` / ``atari_full_action_space``."""
     import ale_py
 
     gym.register_envs(ale_py)
@@ -146,7 +146,7 @@ def make_atari(name: str, env_config: dict[str, Any]) -> gym.Env:
         env,
         noop_max=30,
         frame_skip=int(env_config.get("frameskip") or FRAMESKIP["atari_"]),
-        screen_size=84,
+        screen_size=int(env_config.get("atari_screen_size") or 84),
         grayscale_obs=True,
         terminal_on_life_loss=False,
         scale_obs=False,
@@ -159,7 +159,7 @@ def make_atari(name: str, env_config: dict[str, Any]) -> gym.Env:
 
 
 def _with_channel(env: gym.Env) -> gym.Env:
-    """A grayscale ``[84, 84]`` Atari screen as one channel ``[1, 84, 84]`` (``--env_framestack=1``)."""
+    """A grayscale ``[S, S]`` Atari screen as one channel ``[1, S, S]`` (``--env_framestack=1``)."""
     space = env.observation_space
     shaped = gym.spaces.Box(0, 255, (1, *space.shape), dtype=space.dtype)
     return gym.wrappers.TransformObservation(env, lambda o: o[None], shaped)

@@ -200,10 +200,10 @@ def envpool_task(name: str) -> str:
 
 def make_envpool(cfg: Any, num_envs: int, seed: int, evaluation: bool = False) -> Any:
     """An EnvPool (gymnasium API, synchronous, one thread) of ``num_envs`` envs of ``cfg.env``, with the
-    preprocessing of the gymnasium backend: for Atari 30 no-op starts, frameskip 4 with max-pooling, 84x84
-    grayscale, ``env_framestack`` (4) stacked frames ``[4, 84, 84]`` uint8, no fire on reset, at most 27,000 steps
-    (108,000 frames), and for training life loss as episode end (the game goes on) and rewards clipped to
-    their sign; sticky actions and the full action set from the ``atari_*`` flags."""
+    preprocessing of the gymnasium backend: for Atari 30 no-op starts, frameskip 4 with max-pooling, S x S grayscale
+    (S: ``--atari_screen_size``, 84), ``env_framestack`` (4) stacked frames ``[4, S, S]`` uint8, no fire on reset, at
+    most 27,000 steps (108,000 frames), and for training life loss as episode end (the game goes on) and rewards
+    clipped to their sign; sticky actions and the full action set from the ``atari_*`` flags."""
     import envpool
 
     task = envpool_task(cfg.env)
@@ -213,8 +213,8 @@ def make_envpool(cfg: Any, num_envs: int, seed: int, evaluation: bool = False) -
             stack_num=int(getattr(cfg, "env_framestack", None) or 4),
             frame_skip=4,
             noop_max=30,
-            img_height=84,
-            img_width=84,
+            img_height=int(getattr(cfg, "atari_screen_size", 84)),
+            img_width=int(getattr(cfg, "atari_screen_size", 84)),
             gray_scale=True,
             episodic_life=not evaluation,
             reward_clip=not evaluation,
