@@ -17,7 +17,8 @@ SF_FLAGS = SF2["flags"]
 
 def test_the_atari_small_machine_preset_is_sample_factorys_atari_arguments_but_epochs_async_and_lr_schedule():
     """presets.py: Sample Factory's Atari arguments with 2 epochs (not 4), asynchronous collection (not
-    --async_rl=False) and a constant lr (not a linear decay), on 2 workers x 4 envs (8 envs, as SF's 8 x 1)."""
+    --async_rl=False) and a constant lr (not a linear decay), on 2 workers x 4 envs (8 envs, as SF's 8 x 1), plus
+    msf's own flags: a near-uniform first policy and 52x52 screens."""
     cfg, given = parse_args(["--env=atari_pong", *ATARI_SMALL_MACHINE_FLAGS])
     cfg = apply_family_defaults(cfg, given)
     changed = {k: (v, getattr(cfg, k)) for k, v in SF_ATARI.items() if getattr(cfg, k) != v}
@@ -32,6 +33,8 @@ def test_the_atari_small_machine_preset_is_sample_factorys_atari_arguments_but_e
     # msf's own flag (Sample Factory has none): the near-uniform first policy, where SF_ATARI_FLAGS keep SF's rule
     sf_gain = next(f["default"] for f in SF_FLAGS if f["flag"] == "--policy_init_gain")
     assert (cfg.action_head_init_gain, cfg.policy_init_gain) == (0.01, sf_gain)
+    # and smaller observations (Sample Factory's Atari screens are 84x84, msf's default)
+    assert (cfg.atari_screen_size, parse_args(["--env=atari_pong"])[0].atari_screen_size) == (52, 84)
 
 
 def test_sample_factorys_atari_flags_differ_from_its_atari_defaults_only_in_the_worker_counts():

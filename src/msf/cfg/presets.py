@@ -58,9 +58,15 @@ SF_ATARI_FLAGS = [
 # The action head starts near-uniform (gain 0.01, msf's old default; Sample Factory's rule, now msf's default, gives
 # it --policy_init_gain): on Pong that reached +15 in 2.21M and 2.29M frames against 3.03M and 2.51M, seeds 0 and 1
 # of the same day (benchmarks/README.md, 2026-12-04), where doom_basic needs Sample Factory's rule.
+# Observations of 52x52 pixels instead of 84x84 (msf's --atari_screen_size; Sample Factory fixes 84): the conv stack's
+# work per sample falls ~4x (Learner.train 412 against 1,569 core-us per env step), training runs at ~6,000-6,500
+# frames/s against ~2,250, and Pong still learns: +15 in 3.10M, 3.56M and 3.64M frames, 477, 561 and 614 s from the
+# command's start (seeds 0-2), against 2.29M frames and 1,021 s at 84x84 (seed 0, the same day; benchmarks/README.md,
+# 2026-12-05).
 _SMALL_MACHINE = {"--num_epochs": "2", "--lr_schedule": "constant"}
 ATARI_SMALL_MACHINE_FLAGS = [
     *(f"{k}={_SMALL_MACHINE.get(k, v)}" for k, v in (f.split("=", 1) for f in SF_ATARI_FLAGS)),
     "--async_rl=True",
     "--action_head_init_gain=0.01",
+    "--atari_screen_size=52",
 ]
