@@ -168,7 +168,8 @@ def test_flag_scopes_come_from_the_fields_and_show_in_help():
     from msf.distributed import rendezvous
     from msf.runner import experiment
 
-    assert {"env", "encoder_mlp_layers", "num_policies"} <= config.FIXED_FLAGS
+    assert {"env", "encoder_mlp_layers", "num_policies", "atari_screen_size", "res_w", "res_h"} <= config.FIXED_FLAGS
+    assert set(config.FAMILY_ONLY_FLAGS) <= config.FIXED_FLAGS
     assert {"device", "nproc_per_node", "master_port"} <= config.LAUNCH_FLAGS
     assert {"node_rank", "seed", "num_workers"} <= config.PER_NODE_FLAGS
     assert not config.FIXED_FLAGS & (config.LAUNCH_FLAGS | config.PER_NODE_FLAGS)
@@ -220,20 +221,35 @@ def test_resume_takes_the_saved_config_with_given_flags_on_top(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "argv, flag",
+    "env, argv, flag",
     [
-        (["--env=Pendulum-v1"], "env"),
-        (["--encoder_mlp_layers", "64"], "encoder_mlp_layers"),
-        (["--normalize_input=False"], "normalize_input"),
+        ("CartPole-v1", ["--env=Pendulum-v1"], "env"),
+        ("CartPole-v1", ["--encoder_mlp_layers", "64"], "encoder_mlp_layers"),
+        ("CartPole-v1", ["--normalize_input=False"], "normalize_input"),
+        ("atari_pong", ["--env=atari_pong", "--atari_screen_size=64"], "atari_screen_size"),
+        ("doom_basic", ["--env=doom_basic", "--res_w=64"], "res_w"),  # the observation's shape, as the screen's
+        ("doom_basic", ["--env=doom_basic", "--res_h=36"], "res_h"),
     ],
 )
-def test_resume_refuses_flags_that_fix_the_model(tmp_path, argv, flag):
+def test_resume_refuses_flags_that_fix_the_model(tmp_path, env, argv, flag):
     from msf.runner.experiment import resume_config
 
-    _saved_experiment(tmp_path)
+    _saved_experiment(tmp_path, env=env)
     cfg, given = parse_args([f"--train_dir={tmp_path}", "--experiment=e", *argv])
     with pytest.raises(ConfigError, match=f"^--{flag}: cannot change for the existing experiment 'e'"):
         resume_config(cfg, given)
+
+
+def test_a_fixed_flag_of_another_env_family_may_change_on_resume(tmp_path):
+    """--atari_screen_size and --res_w shape nothing of a CartPole experiment: a change is a warned change, not a
+    refusal (a fresh user was refused over a flag that did nothing for the env)."""
+    from msf.runner.experiment import resume_config
+
+    _saved_experiment(tmp_path, env="CartPole-v1", atari_screen_size=30)
+    cfg, given = parse_args([f"--train_dir={tmp_path}", "--experiment=e", "--atari_screen_size=64", "--res_w=64"])
+    merged, changes = resume_config(cfg, given)
+    assert (merged.atari_screen_size, merged.res_w) == (64, 64)
+    assert changes == ["--atari_screen_size: 30 -> 64", "--res_w: 128 -> 64"]
 
 
 def test_restart_and_new_experiments_ignore_saved_configs(tmp_path):

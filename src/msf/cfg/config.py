@@ -126,6 +126,14 @@ FIXED_FLAGS = flags_in_scope(FIXED)
 """What the checkpoint's shapes depend on: they cannot change for an existing experiment."""
 PER_NODE_FLAGS = flags_in_scope(PER_NODE)
 """They may differ between the nodes of one job; all other flags must be the same on every node."""
+FAMILY_ONLY_FLAGS = {
+    "atari_screen_size": "atari_",
+    "atari_full_action_space": "atari_",
+    "res_w": "doom_",
+    "res_h": "doom_",
+}
+"""Fixed flags that only one env family reads (name -> the env name's prefix): for an env of another family they
+shape nothing, so a resumed experiment of that env may change them (with the usual warning)."""
 
 
 def core_state_size(cfg: Config) -> int:

@@ -208,8 +208,12 @@ class SamplingFlags:
         "stack's work ~4x (README, 'Settings for Atari on a small machine')",
         scope=(FIXED,),
     )
-    res_w: int = flag(128, "doom_*: width of the observation after the resize, in pixels (Sample Factory's flag)")
-    res_h: int = flag(72, "doom_*: height of the observation after the resize, in pixels (Sample Factory's flag)")
+    res_w: int = flag(
+        128, "doom_*: width of the observation after the resize, in pixels (Sample Factory's flag)", scope=(FIXED,)
+    )
+    res_h: int = flag(
+        72, "doom_*: height of the observation after the resize, in pixels (Sample Factory's flag)", scope=(FIXED,)
+    )
     wide_aspect_ratio: bool = flag(
         False,
         "doom_*: the engine renders at 256x144 (a wider field of view, slower) instead of 160x120, before the "
