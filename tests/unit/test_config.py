@@ -252,6 +252,17 @@ def test_a_fixed_flag_of_another_env_family_may_change_on_resume(tmp_path):
     assert changes == ["--atari_screen_size: 30 -> 64", "--res_w: 128 -> 64"]
 
 
+def test_a_family_flag_is_fixed_by_the_saved_env_when_the_command_line_names_none(tmp_path):
+    """Resuming an atari_pong experiment without --env (the default env is CartPole-v1): the saved env decides,
+    so a changed --atari_screen_size is still refused."""
+    from msf.runner.experiment import resume_config
+
+    _saved_experiment(tmp_path, env="atari_pong")
+    cfg, given = parse_args([f"--train_dir={tmp_path}", "--experiment=e", "--atari_screen_size=64"])
+    with pytest.raises(ConfigError, match="^--atari_screen_size: cannot change for the existing experiment 'e'"):
+        resume_config(cfg, given)
+
+
 def test_restart_and_new_experiments_ignore_saved_configs(tmp_path):
     from msf.runner.experiment import resume_config
 

@@ -100,7 +100,7 @@ def resume_config(cfg: Config, given: set[str]) -> tuple[Config, list[str]]:
             continue
         if saved[name] == current[name]:
             continue
-        if name in FIXED_FLAGS and cfg.env.startswith(FAMILY_ONLY_FLAGS.get(name, "")):
+        if name in FIXED_FLAGS and str(saved["env"]).startswith(FAMILY_ONLY_FLAGS.get(name, "")):
             raise ConfigError(
                 f"--{name}: cannot change for the existing experiment {cfg.experiment!r} "
                 f"(it has {saved[name]!r}, given {current[name]!r}); use --restart_behavior=restart "
