@@ -82,7 +82,10 @@ def _child_main(
         os.environ.clear()  # and threadpoolctl's import above adds a variable)
         os.environ.update(environ)
     _lead_own_process_group()
-    logging.basicConfig(level=log_level, format=f"[%(asctime)s][{name}][pid {os.getpid()}] %(message)s")
+    # the main process's clock format (persistence.summaries), so that one run's lines read alike
+    logging.basicConfig(
+        level=log_level, format=f"[%(asctime)s][{name}][pid {os.getpid()}] %(message)s", datefmt="%H:%M:%S"
+    )
     try:
         restore(registered)  # the parent's registrations (envs, encoders), before anything looks them up
         target(*args)
