@@ -15,6 +15,9 @@ CHECKPOINT_SIGNAL = _signal.SIGUSR1
 checkpoint a minute before the time limit, or before a preemption). Every process msf starts ignores it, so it
 may be sent to every process of a job; before training begins there is nothing to save and it is ignored."""
 
+LOG_DATEFMT = "%H:%M:%S"
+"""The clock of every log line, the main process's and the workers'."""
+
 INTERRUPTED_BEFORE_TRAINING = "msf-train: interrupted before training began: nothing was trained or saved"
 """The one line ``msf-train`` prints when one of :data:`STOP_SIGNALS` ends it before training began (exit code 130)."""
 

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from msf.cfg.arguments import EVALUATION_FLAGS, SCOPE_NOTES, build_parser, integer, str2bool
-from msf.cfg.config import FAMILY_ONLY_FLAGS, FIXED_FLAGS, Config, merge_env_args
+from msf.cfg.config import FIXED_FLAGS, Config, fixed_for, merge_env_args
 from msf.cfg.flags import FIXED, IGNORED
 from msf.cfg.validation import ConfigError, Problems
 
@@ -166,7 +166,7 @@ def _load_config(cfg: Config, given: set[str]) -> Config:
         raise ConfigError(f"--experiment: the saved config {path} is unreadable ({e})") from None
     current = cfg.to_dict()
     for k in sorted(given & FIXED_FLAGS):
-        if saved[k] != current[k] and str(saved["env"]).startswith(FAMILY_ONLY_FLAGS.get(k, "")):
+        if saved[k] != current[k] and fixed_for(k, str(saved["env"])):
             raise ConfigError(
                 f"--{k}: the experiment {cfg.experiment!r} was trained with {saved[k]!r}, not "
                 f"{current[k]!r}: its checkpoints fit only that"

@@ -136,6 +136,12 @@ FAMILY_ONLY_FLAGS = {
 shape nothing, so a resumed experiment of that env may change them (with the usual warning)."""
 
 
+def fixed_for(name: str, env: str) -> bool:
+    """Whether flag ``name`` may not change for an existing experiment of ``env`` (:data:`FIXED_FLAGS`, less
+    :data:`FAMILY_ONLY_FLAGS` of another family)."""
+    return name in FIXED_FLAGS and env.startswith(FAMILY_ONLY_FLAGS.get(name, ""))
+
+
 def core_state_size(cfg: Config) -> int:
     """Floats of state of one recurrent core per agent: GRU ``L x H``, LSTM ``2 x L x H`` (h of every layer, then
     c); 0 without ``use_rnn``."""

@@ -120,7 +120,7 @@ def env_config_of(
         "seed": seed,
         "atari_sticky_actions": cfg.atari_sticky_actions,
         "atari_full_action_space": cfg.atari_full_action_space,
-        "atari_screen_size": getattr(cfg, "atari_screen_size", 84),
+        "atari_screen_size": cfg.atari_screen_size,
         "unity_env_path": getattr(cfg, "unity_env_path", None),
         "res_w": cfg.res_w,
         "res_h": cfg.res_h,

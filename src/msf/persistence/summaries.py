@@ -10,6 +10,8 @@ import sys
 import tempfile
 import uuid
 
+from msf import LOG_DATEFMT
+
 log = logging.getLogger("msf")
 
 LOG_FORMAT = "[%(asctime)s][%(processName)s][pid %(process)d] %(levelname)s %(message)s"
@@ -35,7 +37,7 @@ def setup_logging(
         handlers.append(_LogFile(os.path.join(exp_dir, "log.txt")))
     for h in handlers:
         fmt = LOG_FORMAT if rank is None else LOG_FORMAT.replace("[%(processName)s]", f"[rank {rank}][%(processName)s]")
-        h.setFormatter(logging.Formatter(fmt, datefmt="%H:%M:%S"))
+        h.setFormatter(logging.Formatter(fmt, datefmt=LOG_DATEFMT))
         root.addHandler(h)
 
 

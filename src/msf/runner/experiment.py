@@ -10,7 +10,7 @@ import sys
 import time
 
 from msf.cfg.arguments import EVALUATION_FLAGS
-from msf.cfg.config import FAMILY_ONLY_FLAGS, FIXED_FLAGS, LAUNCH_FLAGS, Config, merge_env_args
+from msf.cfg.config import FIXED_FLAGS, LAUNCH_FLAGS, Config, fixed_for, merge_env_args  # noqa: F401 - FIXED_FLAGS: re-exported
 from msf.cfg.validation import ConfigError
 from msf.persistence.checkpoint import scan_checkpoints, set_aside
 from msf.persistence.sf2_checkpoint import (
@@ -100,7 +100,7 @@ def resume_config(cfg: Config, given: set[str]) -> tuple[Config, list[str]]:
             continue
         if saved[name] == current[name]:
             continue
-        if name in FIXED_FLAGS and str(saved["env"]).startswith(FAMILY_ONLY_FLAGS.get(name, "")):
+        if fixed_for(name, str(saved["env"])):
             raise ConfigError(
                 f"--{name}: cannot change for the existing experiment {cfg.experiment!r} "
                 f"(it has {saved[name]!r}, given {current[name]!r}); use --restart_behavior=restart "

@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 import torch.multiprocessing as mp
 
-from msf import CHECKPOINT_SIGNAL
+from msf import CHECKPOINT_SIGNAL, LOG_DATEFMT
 from msf.runtime.registrations import restore, snapshot
 
 START_METHOD = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
@@ -82,9 +82,8 @@ def _child_main(
         os.environ.clear()  # and threadpoolctl's import above adds a variable)
         os.environ.update(environ)
     _lead_own_process_group()
-    # the main process's clock format (persistence.summaries), so that one run's lines read alike
     logging.basicConfig(
-        level=log_level, format=f"[%(asctime)s][{name}][pid {os.getpid()}] %(message)s", datefmt="%H:%M:%S"
+        level=log_level, format=f"[%(asctime)s][{name}][pid {os.getpid()}] %(message)s", datefmt=LOG_DATEFMT
     )
     try:
         restore(registered)  # the parent's registrations (envs, encoders), before anything looks them up
