@@ -11,7 +11,9 @@ For each seed, runs (interleaved, so that the machine's drift falls on every con
 
 and prints, per configuration, the env steps at which ``episode/return_mean`` (the job's last
 ``--stats_avg`` episodes) first reached the threshold, the median over the seeds, its ratio to the
-one-group run of the same mode, and the mean policy lag over the run (TensorBoard ``policy_lag/mean``).
+one-group run of the same mode, the median seconds from launch to the threshold, and the mean policy lag over the
+run (TensorBoard ``policy_lag/mean``). Extra msf-train flags after ``--`` apply to every configuration: with
+``--stop_at_return_mean=475`` each run stops where it is measured.
 
 Usage: python benchmarks/group_scaling.py [--seeds 0 1 2 3 4] [--threshold 475] [--modes async det]
 """
@@ -81,9 +83,9 @@ def main() -> None:
     print()
     print(
         f"| mode | groups x batch | env steps to {a.threshold:g} (seeds {', '.join(map(str, a.seeds))}) "
-        "| median | ratio to 1 group | mean policy lag | final return (median) |"
+        "| median | ratio to 1 group | median s from launch | mean policy lag | final return (median) |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for mode in a.modes:
         base = None
         for name in CONFIGS[mode]:
@@ -98,9 +100,11 @@ def main() -> None:
             finals = [r["final"] for r in rows if r["final"] is not None]
             lag = f"{statistics.mean(lags):.2f}" if lags else "n/a"
             final = f"{statistics.median(finals):.1f}" if finals else "n/a"
+            secs = statistics.median(math.inf if r["seconds"] is None else r["seconds"] for r in rows)
             print(
                 f"| {mode} | {name} | {' / '.join('never' if s is None else f'{s:,}' for s in steps)} "
-                f"| {'never' if math.isinf(med) else f'{med:,.0f}'} | {ratio} | {lag} | {final} |"
+                f"| {'never' if math.isinf(med) else f'{med:,.0f}'} | {ratio} "
+                f"| {'never' if math.isinf(secs) else f'{secs:.1f}'} | {lag} | {final} |"
             )
 
 

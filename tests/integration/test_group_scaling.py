@@ -14,11 +14,12 @@ import torch
 from .conftest import SLACK_S, SMALL_ENV_FLAGS, first_step_reaching, read_summary, run_msf, run_msf_together
 
 SEEDS = (0, 1, 2, 3, 4)
+MORE_SEEDS = ((5, 6, 7, 8, 9), (10, 11, 12, 13, 14))  # the asynchronous test's further rounds, if it needs them
 BUDGET = 200_000  # env steps per run; a run that has not reached 475 by then counts as never (inf)
-# The small-env settings hold one accumulated iteration (--num_batches_to_accumulate=1): on these 2 cores the two
-# groups' learners are the slow stage, so their buffers fill and their experience is older than one group's. With
-# Sample Factory's 2 the mean policy lag was 11.0 SGD steps (2 groups) against 6.3 (1 group) and the 2-group median
-# 1.09x; with 1, 7.2 against 4.1 and 1.02x (5 seeds each, 2026-12-02, benchmarks/README.md).
+# The small-env settings hold no accumulated iteration (--num_batches_to_accumulate=0): on these 2 cores the two
+# groups' learners are the slow stage, so the experience of a spare iteration waited a whole iteration for them. With
+# 1 accumulated iteration the mean policy lag was 7.7 SGD steps (2 groups) against 4.4 (1 group) and the 2-group
+# median 1.06x; with 0, 3.7 against 2.8 and 0.97x (30 seeds each, 2026-12-05, benchmarks/README.md).
 FLAGS = [f for f in SMALL_ENV_FLAGS if not f.startswith("--batch_size")]
 ONE, TWO = ["--batch_size=512"], ["--batch_size=256", "--nproc_per_node=2"]  # the README's 2 workers x 16 envs
 
@@ -55,24 +56,30 @@ def _run(train_dir, name: str, seed: int, extra: list[str]) -> tuple[float, dict
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # up to 30 runs of 10-20 s each on a quiet 2-core machine; several times that on a busy one
 def test_two_groups_at_half_the_batch_need_no_more_samples_than_one_group(train_dir):
     """Over 5 seeds, the median env steps of 2 groups x 256 to a mean return of 475 (the job's last 100 episodes)
-    at most 20% above one group x 512's (measured: 1.01x, the median of 20 runs of 2 groups against 10 of 1
-    group). The issue asks for 10%: an asynchronous run does not repeat, 2-group runs spread by 12-15% (sd / mean,
-    77k to 136k over 40 runs), and the ratio of two 5-seed medians has measured 1.01 to 1.10 with no change in the
-    code (benchmarks/README.md, 2026-12-03); the margin is for that spread.
+    at most 10% above one group x 512's. An asynchronous run does not repeat, and per-seed figures spread by 12-13%
+    (sd / mean; 77k to 134k over 30 runs of each), so a 5-seed median ratio moves by several percent between
+    repetitions: when it is above 1.10, five more seeds of each run, up to 15, and the bound is on the medians of all
+    the seeds run. Resampling the 60 runs measured on 2026-12-05 (median ratio 0.97; benchmarks/README.md), one round
+    fails 1.3% of the time and three rounds 0.01%; a true ratio of 1.20 passes 8% of the time, 1.30 2%.
     Before the episode window was the job's (each rank gave its whole --stats_avg), the same comparison measured
-    about 30% above (benchmarks/README.md)."""
+    about 30% above; with one accumulated iteration of trajectories, 6% above (benchmarks/README.md)."""
     one, two = [], []
-    for seed in SEEDS:  # interleaved: the machine's drift falls on both alike
-        one.append(_run(train_dir, f"one_s{seed}", seed, ONE)[0])
-        steps, s = _run(train_dir, f"two_s{seed}", seed, TWO)
-        two.append(steps)
-        _check_two_group_run(train_dir / f"two_s{seed}", s)
-    m1, m2 = statistics.median(one), statistics.median(two)
-    # both learn CartPole within the budget (most seeds reach 475), and 2 groups need at most 20% more steps
+    for seeds in (SEEDS, *MORE_SEEDS):
+        for seed in seeds:  # interleaved: the machine's drift falls on both alike
+            one.append(_run(train_dir, f"one_s{seed}", seed, ONE)[0])
+            steps, s = _run(train_dir, f"two_s{seed}", seed, TWO)
+            two.append(steps)
+            _check_two_group_run(train_dir / f"two_s{seed}", s)
+        m1, m2 = statistics.median(one), statistics.median(two)
+        print(f"asynchronous, env steps to 475: 1x512 {one} (median {m1}), 2x256 {two} (median {m2})")
+        if m1 < math.inf and m2 <= 1.10 * m1:
+            break
+    # both learn CartPole within the budget (most seeds reach 475), and 2 groups need at most 10% more steps
     assert m1 < math.inf and m2 < math.inf, (one, two)
-    assert m2 <= 1.20 * m1, (one, two)
+    assert m2 <= 1.10 * m1, (one, two)
 
 
 @pytest.mark.slow

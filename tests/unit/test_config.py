@@ -72,6 +72,7 @@ def test_sample_factory_defaults():
         ({"worker_num_splits": 0}, "--worker_num_splits"),
         ({"num_workers": 0}, "--num_workers"),
         ({"lr_adaptive_max": -1.0}, "--lr_adaptive_max"),
+        ({"num_batches_to_accumulate": -1}, "--num_batches_to_accumulate"),  # 0 is valid: no spare slots
     ],
 )
 def test_invalid_values_name_the_flag(tmp_path, changes, flag):
@@ -195,6 +196,9 @@ def test_derived_values():
     assert Derived.of(Config(**atari)).slots_per_worker == 4 + 8
     assert Derived.of(Config(**atari, num_batches_to_accumulate=1)).slots_per_worker == 4 + 4
     assert Derived.of(Config(**atari), num_agents=2).slots_per_worker == 8 + 8  # one slot per agent row at least
+    # 0: no spares, only the slot each env writes; a finished trajectory holds it until the learner copies it out
+    assert Derived.of(Config(**atari, num_batches_to_accumulate=0)).slots_per_worker == 4
+    assert Derived.of(Config(**atari, num_batches_to_accumulate=0), num_agents=2).slots_per_worker == 8
     assert Derived.of(Config(env_frameskip=4)).frameskip == 4
     assert Derived.of(Config(env_frameskip=4, summaries_use_frameskip=False)).frameskip == 1
 

@@ -120,11 +120,16 @@ def test_the_first_iteration_waits_for_every_env_of_the_round():
     assert all(w.all_parked for w in sampler.rollout)
 
 
-def test_serial_sampler_puts_a_step_off_while_the_learner_holds_its_slots():
+@pytest.mark.parametrize("accumulate", [1, 0])
+def test_serial_sampler_puts_a_step_off_while_the_learner_holds_its_slots(accumulate):
     """Async mode, one process: a worker out of free slots does not block (the learner runs in the same
-    process); its step waits until the batcher has returned slots, and then goes on."""
-    cfg = _cfg("--num_batches_to_accumulate=1")
+    process); its step waits until the batcher has returned slots, and then goes on. With no spare slots
+    (--num_batches_to_accumulate=0) a worker process would wait inside a step for the learner, which the one
+    process of --serial_mode cannot: it keeps one spare slot per env, as with 1."""
+    cfg = _cfg(f"--num_batches_to_accumulate={accumulate}", "--serial_mode=True")
     derived, buffer, _, _, sampler, batcher = _setup(cfg)
+    assert derived.slots_per_worker == 4 * 2
+    assert Derived.of(_cfg(f"--num_batches_to_accumulate={accumulate}")).slots_per_worker == 4 * (1 + accumulate)
     for _ in range(200):  # without a learner taking batches, the workers fill every slot and stop
         sampler.advance()
     assert sampler.deferred and not sampler.advance()

@@ -169,7 +169,9 @@ class Derived:
         trajectories_per_iteration: trajectories one training iteration consumes.
         slots_per_worker: trajectory-buffer slots owned by each rollout worker: one being
             written per agent of each env, plus spares so that the workers can hold
-            ``num_batches_to_accumulate`` iterations of finished trajectories (at least one per agent);
+            ``num_batches_to_accumulate`` iterations of finished trajectories (at least one per agent; none
+            with 0, where an agent whose trajectory is finished waits until the learner has copied it out, but
+            one per agent with ``--serial_mode``, whose one process cannot wait inside a step);
             with ``--async_rl=False``, exactly ``sync_rollouts`` finished ones per agent.
         sync_rollouts: with ``--async_rl=False``, the trajectories every agent of every env writes per training
             iteration (``trajectories_per_iteration / (num_workers x num_envs_per_worker x num_agents)``, a
@@ -202,7 +204,10 @@ class Derived:
         per_batch = cfg.batch_size // cfg.rollout
         per_iter = per_batch * cfg.num_batches_per_epoch
         agents_per_worker = cfg.num_envs_per_worker * num_agents
-        spare = max(agents_per_worker, -(-cfg.num_batches_to_accumulate * per_iter // cfg.num_workers))
+        # 0: no spares; an env whose trajectory is finished waits until the learner has copied it out. Not in
+        # --serial_mode: its one process cannot wait inside a step for the learner, so it keeps one spare per agent
+        accumulate = cfg.num_batches_to_accumulate or int(cfg.serial_mode)
+        spare = max(agents_per_worker, -(-accumulate * per_iter // cfg.num_workers)) if accumulate else 0
         sync = 0 if cfg.async_rl else max(1, per_iter // (cfg.num_workers * agents_per_worker))
         if sync:  # the finished trajectories of one iteration, held until the learner has trained on them
             spare = sync * agents_per_worker

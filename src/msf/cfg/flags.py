@@ -130,7 +130,9 @@ class SamplingFlags:
         2,
         "How many training iterations of finished trajectories the rollout workers may hold beyond the one "
         "the learner is taking (their spare buffer slots). When sampling outruns the learner, the policy lag "
-        "grows with it: 1 keeps the experience fresher, 2 keeps the learner fed",
+        "grows with it: 1 keeps the experience fresher, 2 keeps the learner fed. 0 (msf only): no spare slots; an "
+        "env whose trajectory is finished waits until the learner has copied it out, the least lag (with "
+        "--serial_mode, 1)",
     )
     async_rl: bool = flag(
         True,

@@ -8,10 +8,12 @@
 # truncates at 500 steps; treating that as a failure destabilises the critic).
 # With one SGD step per 512 samples instead, the KL the schedule sees is the policy lag's only, the lr
 # sat at its 2e-3 cap, and runs on a loaded machine failed to hold 475 (benchmarks/README.md, 2026-12-02).
-# One accumulated iteration of trajectories instead of Sample Factory's 2: when the learner is the slower stage
-# (2 device groups on 2 cores) the workers' buffered experience is half as old, so 2 groups x 256 learn what
-# 1 group x 512 learns (5 seeds: 1.02x its env steps to 475, against 1.09x with 2), and 1 group needs fewer steps
-# too (medians of 3 seeds, twice: 76,800 and 83,968 against 93,184 and 98,304; benchmarks/README.md, 2026-12-02).
+# No accumulated trajectories (Sample Factory holds 2 iterations; msf's 0 gives the workers no spare slots): an env
+# whose trajectory is finished waits until the learner has copied it out. When the learner is the slower stage (2
+# device groups on 2 cores) a spare iteration only aged the experience by one iteration: with 1, the mean policy lag
+# was 7.7 SGD steps with 2 groups and 4.4 with one, and 2 groups x 256 needed 1.06x the env steps of 1 group x 512
+# to a mean return of 475; with 0, 3.7 and 2.8, and 0.97x; 2 groups need 11% fewer steps than with 1 and arrive 8%
+# sooner, one group 2% fewer at ~4% fewer steps/s (30 seeds each, benchmarks/README.md, 2026-12-05).
 SMALL_ENV_FLAGS = [
     "--num_workers=2",
     "--num_envs_per_worker=16",
@@ -25,7 +27,7 @@ SMALL_ENV_FLAGS = [
     "--lr_adaptive_max=2e-3",
     "--value_bootstrap=True",
     "--reward_scale=0.1",
-    "--num_batches_to_accumulate=1",
+    "--num_batches_to_accumulate=0",
 ]
 
 # Sample Factory's Atari arguments for 2 cores as msf flags (its atari_override_defaults, on 2 workers x 4 envs for its
