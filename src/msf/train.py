@@ -259,7 +259,7 @@ def run(cfg: Config, given: set[str]) -> int:
         save_env_info(exp_dir, cfg.env, spaces, env_info_key(cfg))  # the next start reads the spaces from here
     for line in warnings:  # printed above; the log keeps them too
         logging.getLogger("msf").warning("%s", line.removeprefix("msf-train: warning: "), extra=LOG_FILE_ONLY)
-    if changes:
+    if changes and not first:  # the first rank's warnings above hold them already: one line in its log
         logging.getLogger("msf").warning("resuming with changed flags: %s", "; ".join(changes))
     for note in set_aside if prepares_dir else ():
         logging.getLogger("msf").warning("%s", note)

@@ -284,7 +284,7 @@ def test_ranks_whose_launcher_was_killed_outright_stop_with_a_final_checkpoint(t
         os.kill(p.pid, signal.SIGKILL)
         # the ranks and their workers hold the pipes until they have all ended
         out, err = p.communicate(timeout=60 + SLACK_S)
-        left = [a for a in _session_processes(p.pid) if "<defunct>" not in a]  # ended, not yet reaped by init
+        left = _live_session_processes(p.pid)
     finally:
         try:
             os.killpg(p.pid, signal.SIGKILL)
@@ -704,6 +704,18 @@ def _session_processes(sid: int) -> list[str]:
 
     out = subprocess.run(["ps", "-e", "-o", "sid=,args="], capture_output=True, text=True).stdout
     return [a for s, _, a in (line.strip().partition(" ") for line in out.splitlines()) if s == str(sid)]
+
+
+def _live_session_processes(sid: int, grace_s: float = 5.0) -> list[str]:
+    """:func:`_session_processes` but for the ``<defunct>`` (ended, not yet reaped by init), asked again every 0.2 s
+    while any is left, for up to ``grace_s`` seconds: a process on its way out, its files closed (so the pipes the
+    test waited on are), shows as ``[name]`` (no command line) for a moment; CI saw one under load."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        left = [a for a in _session_processes(sid) if "<defunct>" not in a]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
 
 
 def _parent_of(pid: int) -> int | None:

@@ -130,6 +130,7 @@ def test_flags_on_resume_override_with_a_warning_and_fixed_flags_are_refused(tra
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "--learning_rate: 0.0003 -> 0.001" in r.stderr
+    assert (exp / "log.txt").read_text().count("--learning_rate: 0.0003 -> 0.001") == 1  # the log has it once
     cfg = json.loads((exp / "config.json").read_text())
     assert cfg["learning_rate"] == 1e-3 and cfg["batch_size"] == 512  # overridden, and kept from the saved config
     # a changed lr is applied to a resumed run too, not the checkpoint's
