@@ -174,7 +174,7 @@ def test_flag_scopes_come_from_the_fields_and_show_in_help():
     assert {"device", "nproc_per_node", "master_port"} <= config.LAUNCH_FLAGS
     assert {"node_rank", "seed", "num_workers"} <= config.PER_NODE_FLAGS
     assert not config.FIXED_FLAGS & (config.LAUNCH_FLAGS | config.PER_NODE_FLAGS)
-    assert experiment.FIXED_FLAGS is config.FIXED_FLAGS and experiment.LAUNCH_FLAGS is config.LAUNCH_FLAGS
+    assert experiment.fixed_for is config.fixed_for and experiment.LAUNCH_FLAGS is config.LAUNCH_FLAGS
     assert rendezvous.PER_NODE_FLAGS is config.PER_NODE_FLAGS
     helps = {a.dest: a.help for a in build_parser()._actions}
     assert "[fixed once the experiment exists]" in helps["env"]

@@ -10,7 +10,7 @@ import sys
 import time
 
 from msf.cfg.arguments import EVALUATION_FLAGS
-from msf.cfg.config import FIXED_FLAGS, LAUNCH_FLAGS, Config, fixed_for, merge_env_args  # noqa: F401 - FIXED_FLAGS: re-exported
+from msf.cfg.config import LAUNCH_FLAGS, Config, fixed_for, merge_env_args
 from msf.cfg.validation import ConfigError
 from msf.persistence.checkpoint import scan_checkpoints, set_aside
 from msf.persistence.sf2_checkpoint import (
