@@ -42,6 +42,7 @@ import warnings
 from typing import Any, Callable
 
 import gymnasium as gym
+import numpy as np
 import torch
 from torch import nn
 
@@ -231,7 +232,7 @@ def register_env(env_name: str, make_env_func: Callable[..., gym.Env]) -> None:
 class TrainingInfoInterface:
     """Sample Factory's interface of an env that receives training statistics: accepted, never called by msf."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.training_info: dict[str, Any] = {}
 
     def set_training_info(self, training_info: dict[str, Any]) -> None:
@@ -265,7 +266,7 @@ class _EncoderAdapter(nn.Module):
     """msf's encoder interface (``[N, *obs_shape]`` -> ``[N, out_size]``, an ``out_size`` attribute) around a
     Sample Factory :class:`Encoder`."""
 
-    def __init__(self, encoder: nn.Module):
+    def __init__(self, encoder: Encoder):
         super().__init__()
         self.encoder = encoder
         self.out_size = int(encoder.get_out_size())
@@ -279,20 +280,20 @@ class _EncoderFactory:
     """``make(cfg, obs_space) -> Encoder`` (Sample Factory's factory) as msf's ``factory(cfg, obs_shape)``; the
     observation space is Sample Factory's dict of one key, ``obs``."""
 
-    make: Callable[..., nn.Module]
+    make: Callable[..., Encoder]
 
     def __call__(self, cfg: Any, obs_shape: tuple[int, ...]) -> nn.Module:
-        box = gym.spaces.Box(-float("inf"), float("inf"), tuple(obs_shape), dtype="float32")
+        box = gym.spaces.Box(-float("inf"), float("inf"), tuple(obs_shape), dtype=np.float32)
         return _EncoderAdapter(self.make(cfg, gym.spaces.Dict({"obs": box})))
 
 
 class ModelFactory:
     """Sample Factory's model factory: :meth:`register_encoder_factory` only."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.encoders: dict[str, Callable] = {}
 
-    def register_encoder_factory(self, make_encoder: Callable[..., nn.Module]) -> None:
+    def register_encoder_factory(self, make_encoder: Callable[..., Encoder]) -> None:
         """Use ``make_encoder(cfg, obs_space) -> Encoder`` for the policy's encoder (``--encoder_custom`` is
         then ``sf2_encoder`` unless given)."""
         self.encoders[ENCODER_NAME] = make_encoder

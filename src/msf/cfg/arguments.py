@@ -93,13 +93,13 @@ def build_parser(
         allow_abbrev=False,
     )
     groups: dict[str, argparse._ArgumentGroup] = {}
-    hints = typing.get_type_hints(Config)
+    hints, defaults = typing.get_type_hints(Config), Config()
     for f in dataclasses.fields(Config):
         meta = f.metadata
         if meta.get("cli") is False:  # not a command-line flag (Config.env_args)
             continue
         group = groups.setdefault(meta["group"], parser.add_argument_group(meta["group"]))
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        default = getattr(defaults, f.name)
         hint = hints[f.name]
         notes = [note for scope, note in scope_notes.items() if scope in meta["scope"]]
         kwargs: dict = {"default": default, "help": meta["help"] + (f" [{'; '.join(notes)}]" if notes else "")}

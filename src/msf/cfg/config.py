@@ -107,7 +107,7 @@ def merge_env_args(saved: dict, current: dict, given: set[str]) -> tuple[dict, l
 
 
 # What msf did before these flags existed (all of them shape the model or its input)
-BEFORE_FLAG = {
+BEFORE_FLAG: dict[str, object] = {
     "adaptive_stddev": False,  # a state-independent log-std
     "obs_scale": None,
     "obs_subtract_mean": 0.0,

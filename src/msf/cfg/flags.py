@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from typing_extensions import dataclass_transform
+
 # Scopes of a flag (a field may have several):
 LAUNCH = "launch"
 """Where and how this launch runs, not what the experiment is: on resume it comes from the current
@@ -51,6 +53,7 @@ def flag(
     return _Flag(default, help, choices, item_type, frozenset(scope))
 
 
+@dataclass_transform()
 def section(group: str) -> Callable[[type], type]:
     """Class decorator: the class becomes a dataclass whose :func:`flag` attributes are fields of the
     ``--help`` group ``group``, each with its help, group, choices, item type and scopes in ``metadata``."""
@@ -58,10 +61,10 @@ def section(group: str) -> Callable[[type], type]:
     def make(cls: type) -> type:
         for name, spec in list(vars(cls).items()):
             if isinstance(spec, _Flag):
-                meta = {"help": spec.help, "group": group, "choices": spec.choices, "item_type": spec.item_type}
+                meta: dict[str, Any] = dict(help=spec.help, group=group, choices=spec.choices, item_type=spec.item_type)
                 meta["scope"] = spec.scope
                 if isinstance(spec.default, list):  # a fresh list per instance
-                    f = field(default_factory=lambda d=spec.default: list(d), metadata=meta)
+                    f = field(default_factory=spec.default.copy, metadata=meta)
                 else:
                     f = field(default=spec.default, metadata=meta)
                 setattr(cls, name, f)

@@ -14,6 +14,7 @@ Counts travel as float64, exact up to 2**53.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -69,7 +70,7 @@ class Proposal:
         """
         scalars, per_policy = _split(v)
         flags = {k: bool(x) for k, x in zip(_SCALARS[:5], scalars[:5])}
-        counts = {k: int(x) for k, x in zip(_SCALARS[5:], scalars[5:])}
+        counts: dict[str, Any] = {k: int(x) for k, x in zip(_SCALARS[5:], scalars[5:])}
         return cls(**flags, **counts, has_batch=tuple(bool(x) for x in per_policy))
 
 

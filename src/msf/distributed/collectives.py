@@ -98,6 +98,7 @@ class Collectives:
         if float(all_steps[src]) < 0:
             return None
         if self.rank == src:
+            assert state is not None  # its env steps are the maximum, not -1
             buf = io.BytesIO()
             torch.save({k: v for k, v in state.items() if k != "path"}, buf)
             payload = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)

@@ -127,7 +127,7 @@ def discover(
     if "TORCHELASTIC_RUN_ID" in env:
         return _from_torchrun(cfg, given, env)
     if cfg.hosts is not None:
-        return _from_hosts(cfg)
+        return _from_hosts(cfg, cfg.hosts)
     if "SLURM_JOB_NODELIST" in env and "SLURM_PROCID" in env:
         if "SLURM_STEP_ID" in env or "SLURM_STEPID" in env:
             return _from_slurm(cfg, given, env, scontrol)
@@ -186,8 +186,8 @@ def _resolve(host: str) -> None:
         ) from None
 
 
-def _from_hosts(cfg: Config) -> NodePlan:
-    hosts = _parse_hosts(cfg.hosts)
+def _from_hosts(cfg: Config, spec: str) -> NodePlan:
+    hosts = _parse_hosts(spec)
     if len(hosts) != cfg.nnodes:
         raise _fail(
             "hosts",

@@ -92,9 +92,9 @@ def gather_episode_means(
     share = -(-capacity // collectives.world_size)
     ep = torch.full((P, 2, share), float("nan"), dtype=torch.float64)  # NaN: no episode in that place
     for p in range(P):
-        r, n = list(returns[p])[-share:], list(lengths[p])[-share:]
-        ep[p, 0, : len(r)] = torch.tensor(r, dtype=torch.float64)
-        ep[p, 1, : len(n)] = torch.tensor(n, dtype=torch.float64)
+        rs, ns = list(returns[p])[-share:], list(lengths[p])[-share:]
+        ep[p, 0, : len(rs)] = torch.tensor(rs, dtype=torch.float64)
+        ep[p, 1, : len(ns)] = torch.tensor(ns, dtype=torch.float64)
     g = collectives.all_gather(ep)  # [ranks, P, 2, share]
     out = []
     for p in range(P):

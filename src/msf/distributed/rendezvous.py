@@ -198,7 +198,7 @@ def _connect(
         except Exception:  # noqa: BLE001 - a time-out or a refused connection
             raise RuntimeError(
                 f"could not reach {_where(cfg, plan)} (rank 0, node 0: "
-                f"{plan.host_of(0, cfg.nproc_per_node)}) within --dist_timeout="
+                f"{plan.host_of(0, rank.nproc_per_node)}) within --dist_timeout="
                 f"{cfg.dist_timeout} s"
             ) from None
     return dist.PrefixStore(f"msf/{attempt}/", raw), listener
@@ -213,7 +213,7 @@ def _check_config(store: Any, rank: RankInfo, cfg: Config, plan: NodePlan, deadl
         return cfg
     if not _wait(store, ["config/0"], deadline, rank):
         raise RuntimeError(
-            f"rank 0 ({plan.host_of(0, cfg.nproc_per_node)}) did not join {_where(cfg, plan)} within "
+            f"rank 0 ({plan.host_of(0, rank.nproc_per_node)}) did not join {_where(cfg, plan)} within "
             f"--dist_timeout={cfg.dist_timeout} s"
         )
     ref = json.loads(store.get("config/0"))

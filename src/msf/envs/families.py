@@ -10,7 +10,7 @@ reward clipping), so that ``msf-enjoy`` reports the game's own returns.
 from __future__ import annotations
 
 import importlib.util
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import gymnasium as gym
 import numpy as np
@@ -153,14 +153,14 @@ def make_atari(name: str, env_config: dict[str, Any]) -> gym.Env:
     )
     if not env_config.get("evaluation"):
         env = EpisodicLife(env)
-        env = gym.wrappers.TransformReward(env, lambda r: float(np.sign(r)))
+        env = gym.wrappers.TransformReward(env, lambda r: float(np.sign(float(r))))
     stack = int(env_config.get("env_framestack") or 4)
     return gym.wrappers.FrameStackObservation(env, stack) if stack > 1 else _with_channel(env)
 
 
 def _with_channel(env: gym.Env) -> gym.Env:
     """A grayscale ``[S, S]`` Atari screen as one channel ``[1, S, S]`` (``--env_framestack=1``)."""
-    space = env.observation_space
+    space = cast(gym.spaces.Box, env.observation_space)
     shaped = gym.spaces.Box(0, 255, (1, *space.shape), dtype=space.dtype)
     return gym.wrappers.TransformObservation(env, lambda o: o[None], shaped)
 
@@ -186,7 +186,7 @@ def make_doom(name: str, env_config: dict[str, Any]) -> gym.Env:
         render_mode=env_config.get("render_mode"),
         screen_resolution="RES_256X144" if wide else "RES_160X120",
     )
-    screen = env.observation_space["screen"]
+    screen = cast("dict[str, gym.spaces.Box]", env.observation_space)["screen"]
     env = gym.wrappers.TransformObservation(env, lambda o: o["screen"], screen)
     size = (int(env_config.get("res_h", DOOM_RESOLUTION[0])), int(env_config.get("res_w", DOOM_RESOLUTION[1])))
     return env if size == screen.shape[:2] else gym.wrappers.ResizeObservation(env, size)

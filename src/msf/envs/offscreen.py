@@ -15,6 +15,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 
 from msf.cfg.validation import ConfigError
 
@@ -31,7 +32,7 @@ gl.free()
 """
 
 
-def has_display(environ: dict | None = None) -> bool:
+def has_display(environ: Mapping[str, str] | None = None) -> bool:
     """An X11 or Wayland display is named in the environment."""
     environ = os.environ if environ is None else environ
     return bool(environ.get("DISPLAY") or environ.get("WAYLAND_DISPLAY"))

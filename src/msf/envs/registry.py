@@ -13,7 +13,7 @@ import importlib
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import gymnasium as gym
 import numpy as np
@@ -136,7 +136,7 @@ class MultiAgentFlatten(gym.Wrapper):
 
     def __init__(self, env: gym.Env):
         super().__init__(env)
-        self.dict_space = env.observation_space
+        self.dict_space = cast(gym.spaces.Dict, env.observation_space)
         self.observation_space = gym.spaces.flatten_space(self.dict_space)
 
     def _flat(self, obs):
@@ -262,20 +262,20 @@ def _spaces_of(env: gym.Env, obs: gym.Space, act: gym.Space) -> EnvSpaces:
         layout = tuple(_layout_entry(k, sub) for k, sub in env.env.observation_space.spaces.items())
     elif not isinstance(obs, gym.spaces.Box):
         raise ConfigError(f"--env: observation space {obs} is not supported (supported: Box, Dict of Box and Discrete)")
-    if len(obs.shape) not in (1, 3):
+    shape = tuple(obs.shape or ())
+    if len(shape) not in (1, 3):
         raise ConfigError(
             f"--env: observations of shape {obs.shape} are not supported (supported: vectors, and "
             "3-D images such as [C, H, W] or [H, W, C])"
         )
     dtype = np.uint8 if obs.dtype == np.uint8 and layout is None else np.float32
-    shape = tuple(obs.shape)
     if isinstance(act, gym.spaces.Discrete):
         return EnvSpaces(shape, dtype, True, int(act.n), obs_layout=layout)
     nvec = None
     if isinstance(act, gym.spaces.MultiDiscrete) and len(act.nvec.shape) == 1:
         nvec = tuple(int(n) for n in act.nvec)
     elif isinstance(act, gym.spaces.Tuple) and all(isinstance(a, gym.spaces.Discrete) for a in act.spaces):
-        nvec = tuple(int(a.n) for a in act.spaces)
+        nvec = tuple(int(a.n) for a in act.spaces if isinstance(a, gym.spaces.Discrete))
     if nvec is not None:
         return EnvSpaces(shape, dtype, True, sum(nvec), action_nvec=nvec, obs_layout=layout)
     if isinstance(act, gym.spaces.Box) and len(act.shape) == 1:

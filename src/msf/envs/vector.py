@@ -181,7 +181,7 @@ def envpool_task(name: str) -> str:
             "--env_backend=envpool needs the envpool extra: pip install 'multi-sample-factory[envpool]'"
         ) from None
     if name in ENVPOOL_CLASSIC:
-        task = name
+        task: str | None = name
     elif family == "mujoco_":
         task = MUJOCO.get(name[len("mujoco_") :])
         if task is None:

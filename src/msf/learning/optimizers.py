@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 
@@ -85,7 +86,7 @@ class Lamb(torch.optim.Optimizer):
         super().__init__(params, defaults)
 
     @torch.no_grad()
-    def step(self, closure: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:
+    def step(self, closure: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:  # type: ignore[override]
         """One update of every parameter that has a gradient (see the class docstring).
 
         Args:
@@ -141,7 +142,7 @@ def make_optimizer(cfg: Config, params: Iterable[torch.Tensor]) -> torch.optim.O
     Raises:
         ValueError: an ``--optimizer`` other than adam or lamb.
     """
-    kwargs = dict(lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps)
+    kwargs: dict[str, Any] = dict(lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps)
     if cfg.optimizer == "adam":
         return torch.optim.Adam(params, **kwargs)
     if cfg.optimizer == "lamb":

@@ -92,6 +92,7 @@ def pbt_decision(
         the replacements, in recipient order.
     """
     ranked = sorted((o, p) for p, o in enumerate(objectives) if o is not None)
+    measured = {p: o for o, p in ranked}
     k = min(len(ranked) // 2, math.ceil(len(objectives) * replace_fraction))
     if k < 1:
         return []
@@ -100,7 +101,7 @@ def pbt_decision(
     out = []
     for recipient in sorted(worst):
         donor = best[int(rng.integers(len(best)))]
-        o_r, o_d = objectives[recipient], objectives[donor]
+        o_r, o_d = measured[recipient], measured[donor]
         if o_d - o_r > max(gap * abs(o_r), gap_absolute):
             out.append(
                 Replacement(recipient, donor, perturb(hyper[donor], rng, mutation_rate, perturb_min, perturb_max))

@@ -7,6 +7,8 @@ first and scales them to ``[0, 1]``.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -226,7 +228,7 @@ class DictEncoder(nn.Module):
         self.slices: dict[str, tuple[int, int, tuple[int, ...]]] = {}
         offset = 0
         self.encoders = nn.ModuleDict()
-        self.normalizers = nn.ModuleDict()
+        self.normalizers = cast("dict[str, RunningMeanStd]", nn.ModuleDict())  # a ModuleDict, typed by its values
         self.out_size = 0
         for key, shape, size in layout:
             self.slices[key] = (offset, offset + size, tuple(shape))
@@ -235,16 +237,16 @@ class DictEncoder(nn.Module):
                 continue
             keys = getattr(cfg, "normalize_input_keys", None)
             normalize_key = normalize and (keys is None or key in keys)
-            if len(shape) == 3:
+            if len(shape) != 3:
+                enc: nn.Module = mlp(size, cfg.encoder_mlp_layers, cfg.nonlinearity)
+                self.out_size += cfg.encoder_mlp_layers[-1]
+                if normalize_key:
+                    self.normalizers[key] = RunningMeanStd((size,), clip=5.0)
+            else:
                 enc = ConvEncoder(
                     shape, cfg.encoder_conv_architecture, cfg.encoder_conv_mlp_layers, cfg.nonlinearity, normalize_key
                 )
                 self.out_size += enc.out_size
-            else:
-                enc = mlp(size, cfg.encoder_mlp_layers, cfg.nonlinearity)
-                self.out_size += cfg.encoder_mlp_layers[-1]
-                if normalize_key:
-                    self.normalizers[key] = RunningMeanStd((size,), clip=5.0)
             self.encoders[key] = enc
 
     def part(self, x: torch.Tensor, key: str) -> torch.Tensor:

@@ -85,6 +85,12 @@ class RunningMeanStd(nn.Module):
         eps: added to the variance before the square root.
     """
 
+    mean: torch.Tensor  # buffers, float64
+    var: torch.Tensor
+    count: torch.Tensor
+    mean_f32: torch.Tensor
+    std_f32: torch.Tensor
+
     def __init__(self, shape: tuple[int, ...], clip: float | None = 5.0, eps: float = 1e-5):
         super().__init__()
         self.clip = clip

@@ -52,7 +52,7 @@ class _SharedCounters:
         return {"tensor": self.tensor}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["tensor"])
+        _SharedCounters.__init__(self, state["tensor"])
 
 
 class InferenceCounters(_SharedCounters):

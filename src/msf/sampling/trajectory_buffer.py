@@ -122,7 +122,7 @@ class TrajectoryBuffer:
             a dict of ``[B, ...]`` tensors (``obs`` ``[B, T + 1, ...]``, the rest ``[B, T, ...]``),
             after which the slots may be reused.
         """
-        names = ("obs", "actions", "log_probs", "values", "rewards", "dones", "time_outs", "policy_versions")
+        names = ["obs", "actions", "log_probs", "values", "rewards", "dones", "time_outs", "policy_versions"]
         if self.rnn_states.shape[-1]:
             names += ("rnn_states",)
         if self.action_params.shape[-1]:
