@@ -8,22 +8,17 @@ import numpy as np
 import pytest
 import torch
 
-from msf.cfg.config import Config, Derived
 from msf.distributed.collectives import Collectives
 from msf.envs.registry import EnvSpaces
 from msf.learning.advantages import gae
 from msf.learning.learner import Learner
 from msf.model.normalizers import RunningMeanStd
 
-SPACES = EnvSpaces(obs_shape=(3,), obs_dtype=np.float32, discrete=True, num_actions=2)
+from .conftest import make_learner, tiny_config
 
 
-def _learner(**kw) -> Learner:
-    torch.manual_seed(0)
-    cfg = Config(
-        **{**dict(encoder_mlp_layers=[16], batch_size=8, rollout=4, num_workers=1, num_envs_per_worker=2), **kw}
-    )
-    return Learner(cfg, Derived.of(cfg), SPACES, "cpu")
+def _learner(**changes) -> Learner:
+    return make_learner(tiny_config(**changes), seed=0)
 
 
 def _batch(learner: Learner, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -135,17 +130,9 @@ def test_first_step_losses_off_policy():
 
 
 def test_the_learner_updates_the_image_normaliser_from_valid_samples():
-    torch.manual_seed(0)
     spaces = EnvSpaces(obs_shape=(2, 36, 36), obs_dtype=np.uint8, discrete=True, num_actions=3)
-    cfg = Config(
-        encoder_conv_architecture="resnet_impala",
-        encoder_conv_mlp_layers=[16],
-        batch_size=8,
-        rollout=4,
-        num_workers=1,
-        num_envs_per_worker=2,
-    )
-    learner = Learner(cfg, Derived.of(cfg), spaces, "cpu")
+    cfg = tiny_config(encoder_conv_architecture="resnet_impala", encoder_conv_mlp_layers=[16])
+    learner = make_learner(cfg, spaces, seed=0)
     B, T = learner.derived.trajectories_per_iteration, cfg.rollout
     g = torch.Generator().manual_seed(0)
     obs = torch.randint(0, 256, (B, T + 1, 2, 36, 36), dtype=torch.uint8, generator=g)
@@ -204,13 +191,7 @@ def test_one_blocking_collective_per_minibatch_and_the_global_kl():
     once: the advantages' count, sum and sum of squares with the KL sum (it used to reduce three times). The KL
     the iteration reports is the mean over the epoch's minibatches of approx_kl over each minibatch's samples,
     recomputed here from the model before each step."""
-    torch.manual_seed(0)
-    cfg = Config(
-        encoder_mlp_layers=[16],
-        batch_size=8,
-        rollout=4,
-        num_workers=1,
-        num_envs_per_worker=2,
+    cfg = tiny_config(
         num_epochs=2,
         num_batches_per_epoch=2,
         with_vtrace=False,
@@ -219,7 +200,7 @@ def test_one_blocking_collective_per_minibatch_and_the_global_kl():
         shuffle_minibatches=False,
     )
     counting = _CountingCollectives()
-    learner = Learner(cfg, Derived.of(cfg), SPACES, "cpu", collectives=counting)
+    learner = make_learner(cfg, seed=0, collectives=counting)
     batch = _batch(learner)
     # behaviour log-probs far from the model's (~log 0.5): a KL of ~0.1, where float32 loses nothing to cancellation
     batch["log_probs"] = torch.full_like(batch["log_probs"], math.log(0.2))

@@ -7,6 +7,8 @@ import torch
 
 from msf.learning.losses import approx_kl, clipped_value_loss, ppo_policy_loss
 
+from .conftest import make_learner, tiny_config
+
 
 def test_ppo_policy_loss_by_hand():
     eps = 0.2
@@ -153,22 +155,10 @@ def test_fixed_kl_loss_is_coeff_times_the_masked_mean():
 def _kl_learner(coeff: float, discrete: bool, adaptive: bool = True):
     import numpy as np
 
-    from msf.cfg.config import Config, Derived
     from msf.envs.registry import EnvSpaces
-    from msf.learning.learner import Learner
 
-    spaces = EnvSpaces((3,), np.float32, discrete, 3)
-    cfg = Config(
-        encoder_mlp_layers=[8],
-        batch_size=8,
-        rollout=4,
-        num_workers=1,
-        num_envs_per_worker=2,
-        kl_loss_coeff=coeff,
-        adaptive_stddev=adaptive,
-    )
-    torch.manual_seed(0)
-    return Learner(cfg, Derived.of(cfg), spaces, "cpu")
+    cfg = tiny_config(encoder_mlp_layers=[8], kl_loss_coeff=coeff, adaptive_stddev=adaptive)
+    return make_learner(cfg, EnvSpaces((3,), np.float32, discrete, 3), seed=0)
 
 
 def _kl_batch(learner, perturb: float):

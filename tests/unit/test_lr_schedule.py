@@ -4,6 +4,8 @@ import pytest
 
 from msf.learning.lr_schedule import KlAdaptiveLR
 
+from .conftest import make_learner
+
 
 def _sched(lr=1e-3):
     return KlAdaptiveLR(lr, threshold=0.01, lr_min=1e-5, lr_max=1e-2)
@@ -34,14 +36,9 @@ def test_bounds():
 
 
 def test_linear_decay_follows_the_spent_share_of_the_budget():
-    import numpy as np
+    from msf.cfg.config import Config
 
-    from msf.cfg.config import Config, Derived
-    from msf.envs.registry import EnvSpaces
-    from msf.learning.learner import Learner
-
-    cfg = Config(encoder_mlp_layers=[4], lr_schedule="linear_decay", learning_rate=2e-3)
-    learner = Learner(cfg, Derived.of(cfg), EnvSpaces((3,), np.float32, True, 2))
+    learner = make_learner(Config(encoder_mlp_layers=[4], lr_schedule="linear_decay", learning_rate=2e-3))
     for fraction, lr in ((0.0, 2e-3), (0.25, 1.5e-3), (1.0, 0.0), (1.2, 0.0)):
         learner.set_progress(fraction)
         assert learner.lr == pytest.approx(lr)

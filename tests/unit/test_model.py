@@ -11,6 +11,8 @@ from msf.cfg.config import Config, Derived, rnn_state_size
 from msf.envs.registry import EnvSpaces
 from msf.model.actor_critic import ActorCritic
 
+from .conftest import make_learner
+
 
 def _model(discrete: bool) -> ActorCritic:
     torch.manual_seed(0)
@@ -157,12 +159,8 @@ def test_a_separate_weights_checkpoint_of_one_shared_decoder_loads_into_both():
     """Until 2026-12-01 msf's separate-weights model applied one decoder to the actor's and the critic's features:
     its checkpoint gives the critic's decoder the same weights (the same function), and a resumed learner keeps
     every other parameter's Adam moments in place."""
-    from msf.learning.learner import Learner
-
-    torch.manual_seed(0)
     cfg = Config(encoder_mlp_layers=[8], decoder_mlp_layers=[6], actor_critic_share_weights=False)
-    spaces = EnvSpaces((3,), np.float32, True, 2)
-    learner = Learner(cfg, Derived.of(cfg), spaces, "cpu")
+    learner = make_learner(cfg, seed=0)
     old_names = [n for n, _ in learner.model.named_parameters() if not n.startswith("critic_decoder.")]
     old_model = {k: torch.randn_like(v) if v.is_floating_point() else v for k, v in learner.model.state_dict().items()}
     old_model = {k: v for k, v in old_model.items() if not k.startswith("critic_decoder.")}

@@ -6,16 +6,15 @@ from __future__ import annotations
 import io
 import math
 
-import numpy as np
 import pytest
 import torch
 from torch import nn
 
-from msf.cfg.config import Config, Derived
+from msf.cfg.config import Config
 from msf.distributed.collectives import learner_state_tensors
-from msf.envs.registry import EnvSpaces
-from msf.learning.learner import Learner
 from msf.learning.optimizers import LAMB_MAX_WEIGHT_NORM, LAMB_MIN_TRUST, LAMB_WEIGHT_DECAY, Lamb, make_optimizer
+
+from .conftest import make_learner, tiny_config
 
 
 class _Reference:
@@ -186,18 +185,8 @@ def test_make_optimizer_reads_the_config():
 
 
 def test_learner_with_lamb_trains_checkpoints_and_its_state_is_checksummed():
-    spaces = EnvSpaces(obs_shape=(3,), obs_dtype=np.float32, discrete=True, num_actions=2)
-    cfg = Config(
-        encoder_mlp_layers=[16],
-        batch_size=8,
-        rollout=4,
-        num_workers=1,
-        num_envs_per_worker=2,
-        optimizer="lamb",
-        lr_schedule="kl_adaptive_minibatch",
-    )
-    torch.manual_seed(0)
-    learner = Learner(cfg, Derived.of(cfg), spaces, "cpu")
+    cfg = tiny_config(optimizer="lamb", lr_schedule="kl_adaptive_minibatch")
+    learner = make_learner(cfg, seed=0)
     assert isinstance(learner.optimizer, Lamb)
     B, T = learner.derived.trajectories_per_iteration, cfg.rollout
     g = torch.Generator().manual_seed(0)
@@ -223,7 +212,7 @@ def test_learner_with_lamb_trains_checkpoints_and_its_state_is_checksummed():
     buf = io.BytesIO()
     torch.save(learner.state_dict(), buf)
     buf.seek(0)
-    twin = Learner(cfg, Derived.of(cfg), spaces, "cpu")
+    twin = make_learner(cfg)
     twin.load_state_dict(torch.load(buf, weights_only=True))
     torch.manual_seed(5)
     learner.train({k: v.clone() for k, v in batch.items()})
@@ -234,16 +223,14 @@ def test_learner_with_lamb_trains_checkpoints_and_its_state_is_checksummed():
 
 
 def test_a_resume_with_another_optimizer_starts_its_state_afresh(caplog):
-    spaces = EnvSpaces(obs_shape=(3,), obs_dtype=np.float32, discrete=True, num_actions=2)
-    common = dict(encoder_mlp_layers=[8], batch_size=8, rollout=4, num_workers=1, num_envs_per_worker=2)
-    adam_cfg, lamb_cfg = Config(**common), Config(**common, optimizer="lamb")
-    adam = Learner(adam_cfg, Derived.of(adam_cfg), spaces, "cpu")
+    adam_cfg, lamb_cfg = tiny_config(encoder_mlp_layers=[8]), tiny_config(encoder_mlp_layers=[8], optimizer="lamb")
+    adam = make_learner(adam_cfg)
     for p in adam.model.parameters():  # some Adam state to carry
         p.grad = torch.ones_like(p)
     adam.optimizer.step()
     state = adam.state_dict()
     assert state["optimizer_name"] == "adam"
-    lamb = Learner(lamb_cfg, Derived.of(lamb_cfg), spaces, "cpu")
+    lamb = make_learner(lamb_cfg)
     with caplog.at_level("WARNING", logger="msf"):
         lamb.load_state_dict(state)
     assert "starts afresh" in caplog.text
@@ -253,6 +240,6 @@ def test_a_resume_with_another_optimizer_starts_its_state_afresh(caplog):
         assert torch.equal(a, b)  # the weights are taken
     # a checkpoint from before --optimizer (no optimizer_name) is Adam's, and loads into Adam
     del state["optimizer_name"]
-    again = Learner(adam_cfg, Derived.of(adam_cfg), spaces, "cpu")
+    again = make_learner(adam_cfg)
     again.load_state_dict(state)
     assert torch.equal(again.optimizer.state_dict()["state"][0]["exp_avg"], state["optimizer"]["state"][0]["exp_avg"])

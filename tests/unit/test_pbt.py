@@ -6,6 +6,8 @@ import torch
 
 from msf.learning.pbt import PBT_HYPERPARAMETERS, pbt_decision, perturb
 
+from .conftest import make_learner, tiny_config
+
 H = {"learning_rate": 1e-3, "exploration_loss_coeff": 0.01, "value_loss_coeff": 0.5, "ppo_clip_ratio": 0.1}
 
 
@@ -92,20 +94,13 @@ def test_gamma_is_perturbed_through_one_minus_gamma_and_kept_in_bounds():
 
 
 def _pbt_rig(optimize_gamma: bool):
-    from msf.cfg.config import Config, Derived
     from msf.distributed.collectives import Collectives
-    from msf.envs.registry import EnvSpaces
-    from msf.learning.learner import Learner
     from msf.persistence.train_state import TrainState
     from msf.runner.pbt_round import PbtRounds
     from msf.sampling.published_weights import PublishedWeights
 
-    cfg = Config(
+    cfg = tiny_config(
         encoder_mlp_layers=[8],
-        batch_size=8,
-        rollout=4,
-        num_workers=1,
-        num_envs_per_worker=2,
         num_policies=2,
         with_pbt=True,
         pbt_optimize_gamma=optimize_gamma,
@@ -114,12 +109,11 @@ def _pbt_rig(optimize_gamma: bool):
         gamma=0.99,
         seed=3,
     )
-    spaces = EnvSpaces((3,), np.float32, True, 2)
     torch.manual_seed(0)
-    learners = [Learner(cfg, Derived.of(cfg), spaces, "cpu") for _ in range(2)]
+    learners = [make_learner(cfg) for _ in range(2)]
     weights = [PublishedWeights(lr.model) for lr in learners]
     rounds = PbtRounds(cfg, TrainState.fresh(2, 10), learners, weights, Collectives(), True, 0)
-    return cfg, spaces, learners, rounds
+    return cfg, learners, rounds
 
 
 def _replace_worst(rounds, learners):
@@ -151,10 +145,7 @@ def _advantages(learner, seed=0):
 def test_with_the_flag_pbt_changes_gamma_and_the_learner_discounts_with_it():
     import dataclasses
 
-    from msf.cfg.config import Derived
-    from msf.learning.learner import Learner
-
-    cfg, spaces, learners, rounds = _pbt_rig(True)
+    cfg, learners, rounds = _pbt_rig(True)
     names = _replace_worst(rounds, learners)
     assert names[-1] == "gamma"
     new_gamma = learners[0].cfg.gamma
@@ -165,9 +156,9 @@ def test_with_the_flag_pbt_changes_gamma_and_the_learner_discounts_with_it():
     assert rounds.state.pbt_replacements[-1]["hyperparameters"]["gamma"] == new_gamma
     # the recipient's advantages are those of a learner built with that gamma, not the run's
     twin_cfg = dataclasses.replace(cfg, **learners[0].hyperparameters())
-    twin = Learner(twin_cfg, Derived.of(twin_cfg), spaces, "cpu")
+    twin = make_learner(twin_cfg)
     twin.model.load_state_dict(learners[0].model.state_dict())
-    other = Learner(cfg, Derived.of(cfg), spaces, "cpu")
+    other = make_learner(cfg)
     other.model.load_state_dict(learners[0].model.state_dict())
     adv, adv_twin, adv_run = _advantages(learners[0]), _advantages(twin), _advantages(other)
     assert torch.equal(adv, adv_twin)
@@ -175,17 +166,17 @@ def test_with_the_flag_pbt_changes_gamma_and_the_learner_discounts_with_it():
     # a checkpoint keeps the policy's gamma; a resume without the flag discounts with the run's
     state = learners[0].state_dict()
     assert state["hyperparameters"]["gamma"] == new_gamma
-    resumed = Learner(cfg, Derived.of(cfg), spaces, "cpu")
+    resumed = make_learner(cfg)
     resumed.load_state_dict(state)
     assert resumed.cfg.gamma == new_gamma
     no_flag = dataclasses.replace(cfg, pbt_optimize_gamma=False)
-    resumed = Learner(no_flag, Derived.of(no_flag), spaces, "cpu")
+    resumed = make_learner(no_flag)
     resumed.load_state_dict(state)
     assert resumed.cfg.gamma == 0.99 and resumed.cfg.learning_rate == state["hyperparameters"]["learning_rate"]
 
 
 def test_without_the_flag_pbt_never_changes_gamma():
-    cfg, _, learners, rounds = _pbt_rig(False)
+    cfg, learners, rounds = _pbt_rig(False)
     assert "gamma" not in learners[0].hyperparameters()
     for _ in range(20):  # mutation rate 1: every other hyperparameter moves, gamma never
         before = learners[0].hyperparameters()

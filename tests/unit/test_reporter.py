@@ -2,28 +2,23 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
-from msf.cfg.config import Config, Derived
+from msf.cfg.config import Derived
 from msf.distributed.collectives import Collectives, tensor_checksums
 from msf.distributed.topology import RankInfo
-from msf.envs.registry import EnvSpaces
-from msf.learning.learner import Learner
 from msf.persistence.train_state import TrainState
 from msf.runner.pbt_round import PbtRounds
 from msf.runner.reporter import Reporter
 from msf.sampling.messages import InferenceCounters, RolloutCounters
 from msf.sampling.published_weights import PublishedWeights
 
-SPACES = EnvSpaces(obs_shape=(3,), obs_dtype=np.float32, discrete=True, num_actions=2)
-CFG = Config(
+from .conftest import make_learner, tiny_config
+
+CFG = tiny_config(
     encoder_mlp_layers=[8],
-    batch_size=8,
-    rollout=4,
     num_workers=2,
-    num_envs_per_worker=2,
     num_policies=2,
     learner_threads=1,  # no retuning in the tests
     with_pbt=True,
@@ -54,10 +49,7 @@ class Points:
 
 def _setup():
     derived = Derived.of(CFG)
-    learners = []
-    for p in range(2):
-        torch.manual_seed(p)
-        learners.append(Learner(CFG, derived, SPACES, "cpu"))
+    learners = [make_learner(CFG, seed=p) for p in range(2)]
     state = TrainState.fresh(2, CFG.stats_avg)
     rollout, inference = [RolloutCounters(), RolloutCounters()], [InferenceCounters()]
     clock, tb = Clock(100.0), Points()
@@ -171,12 +163,8 @@ def test_the_summary_reports_the_current_lr_beside_the_configured_one():
     is the checkpoint's ``lr``."""
     import math
 
-    cfg = Config(
+    cfg = tiny_config(
         encoder_mlp_layers=[8],
-        batch_size=8,
-        rollout=4,
-        num_workers=1,
-        num_envs_per_worker=2,
         num_batches_per_epoch=2,
         learner_threads=1,
         learning_rate=3e-3,
@@ -184,8 +172,7 @@ def test_the_summary_reports_the_current_lr_beside_the_configured_one():
         lr_schedule_kl_threshold=1.0,  # every minibatch's KL is below half of it: the lr goes up by 1.5 each time
     )
     derived = Derived.of(cfg)
-    torch.manual_seed(0)
-    learner = Learner(cfg, derived, SPACES, "cpu")
+    learner = make_learner(cfg, seed=0)
     B, T = derived.trajectories_per_iteration, cfg.rollout
     learner.train(
         {

@@ -1,5 +1,6 @@
 """Sample Factory 2.1.1's command lines on msf: every one of its flags parses, switches work alone, its family
-launchers' defaults are msf's family defaults, and a near miss names the flag meant.
+launchers' defaults are msf's family defaults (msf-train's refusals of its command lines, as a process:
+tests/integration/test_sf2_command_lines.py).
 
 The table (tests/data/sf2_flags.json) was generated once from sample-factory 2.1.1 by
 tests/data/make_sf2_flag_table.py; the suite needs no Sample Factory install."""
@@ -9,8 +10,6 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -103,25 +102,6 @@ def test_doom_trains_with_a_recurrent_core_as_in_sample_factory():
     assert apply_family_defaults(Config(env="CartPole-v1"), {"env"}).use_rnn is False
 
 
-def _train(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "msf.train", *args], capture_output=True, text=True, timeout=120)
-
-
-def test_a_near_miss_names_the_flag_meant():
-    r = _train("--num_worker=2")
-    assert r.returncode == 2
-    assert r.stderr.count("\n") == 1
-    assert "--num_worker: did you mean --num_workers?" in r.stderr
-    r = _train("--no_such_flag_at_all=1")
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "did you mean" not in r.stderr
-
-
-def test_only_appo_is_an_algorithm():
-    r = _train("--algo=PPO")
-    assert r.returncode == 2 and r.stderr.count("\n") == 1
-    assert "--algo" in r.stderr and "APPO" in r.stderr
-
-
 def test_a_flag_without_effect_is_named_once_with_the_reason():
     plan = NodePlan(
         source="single",
@@ -157,13 +137,6 @@ def test_a_familys_sync_default_that_the_workers_do_not_fit_trains_asynchronousl
     cfg, given = parse_args([*argv, "--device=cpu", "--async_rl=False"])
     with pytest.raises(ConfigError, match="^--async_rl: False needs a training iteration"):
         prepare(cfg, given)
-
-
-def test_abbreviations_are_refused_and_a_near_miss_is_named():
-    """Sample Factory's argparse takes unique prefixes; msf does not (a prefix changes meaning when a flag is added):
-    the near miss is named instead."""
-    r = _train("--learning_r=0.1")
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "unrecognized arguments: --learning_r=0.1" in r.stderr
 
 
 def test_video_frames_minus_one_records_the_first_episode(tmp_path):

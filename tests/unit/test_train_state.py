@@ -5,22 +5,16 @@ from __future__ import annotations
 import logging
 import math
 
-import numpy as np
 import torch
 
-from msf.cfg.config import Config, Derived
-from msf.envs.registry import EnvSpaces
+from msf.cfg.config import Derived
 from msf.learning.learner import Learner
 from msf.persistence.checkpoint import save_checkpoint
 from msf.persistence.train_state import TrainState
 
-SPACES = EnvSpaces(obs_shape=(3,), obs_dtype=np.float32, discrete=True, num_actions=2)
-CFG = Config(encoder_mlp_layers=[16], batch_size=8, rollout=4, num_workers=1, num_envs_per_worker=2, num_epochs=2)
+from .conftest import make_learner, tiny_config
 
-
-def _learner(seed: int, cfg: Config = CFG) -> Learner:
-    torch.manual_seed(seed)
-    return Learner(cfg, Derived.of(cfg), SPACES, "cpu")
+CFG = tiny_config(num_epochs=2)
 
 
 def _batch(seed: int) -> dict[str, torch.Tensor]:
@@ -39,7 +33,7 @@ def _batch(seed: int) -> dict[str, torch.Tensor]:
 
 
 def _trained_state() -> tuple[Learner, TrainState]:
-    learner = _learner(0)
+    learner = make_learner(CFG, seed=0)
     learner.train(_batch(1))  # Adam has moments now, the normalisers have statistics
     state = TrainState.fresh(num_policies=1, stats_avg=3)
     state.env_steps, state.episodes, state.dropped_trajectories = 1000, 12, 2
@@ -68,7 +62,7 @@ def _assert_same_learner_state(a: Learner, b: Learner) -> None:
 def test_capture_then_restore_gives_a_fresh_learner_the_same_state_and_the_counters(tmp_path):
     learner, state = _trained_state()
     save_checkpoint(state.capture(0, learner, CFG.to_dict(), world_size=2), str(tmp_path), keep=2)
-    fresh = _learner(seed=7)  # other initial weights: all of them must come from the file
+    fresh = make_learner(CFG, seed=7)  # other initial weights: all of them must come from the file
     assert not torch.equal(
         fresh.model.state_dict()["action_head.weight"], learner.model.state_dict()["action_head.weight"]
     )
@@ -100,7 +94,7 @@ def test_the_captured_checkpoint_names_its_policy_and_run():
 def test_a_changed_learning_rate_replaces_the_checkpoints(tmp_path, caplog):
     learner, state = _trained_state()
     save_checkpoint(state.capture(0, learner, CFG.to_dict(), 1), str(tmp_path), keep=2)
-    fresh = _learner(seed=7)
+    fresh = make_learner(CFG, seed=7)
     with caplog.at_level(logging.INFO, logger="msf"):
         TrainState.restore([fresh], str(tmp_path), resume=True, learning_rate=CFG.learning_rate * 2, stats_avg=3)
     assert fresh.lr == CFG.learning_rate * 2
@@ -110,7 +104,7 @@ def test_a_changed_learning_rate_replaces_the_checkpoints(tmp_path, caplog):
 def test_no_resume_reads_nothing_and_starts_afresh(tmp_path):
     learner, state = _trained_state()
     save_checkpoint(state.capture(0, learner, CFG.to_dict(), 1), str(tmp_path), keep=2)
-    fresh = _learner(seed=7)
+    fresh = make_learner(CFG, seed=7)
     before = {k: v.clone() for k, v in fresh.model.state_dict().items()}
     restored = TrainState.restore([fresh], str(tmp_path), resume=False, learning_rate=CFG.learning_rate, stats_avg=3)
     assert restored.env_steps == 0 and restored.resumed_env_steps is None and restored.purge_step(4) is None
@@ -127,7 +121,7 @@ def test_the_exchange_decides_which_state_each_policy_resumes_from(tmp_path):
         seen.append(mine)
         return theirs
 
-    fresh = _learner(seed=7)
+    fresh = make_learner(CFG, seed=7)
     restored = TrainState.restore([fresh], str(tmp_path), True, CFG.learning_rate, 3, exchange=exchange)
     assert seen == [None]  # nothing on this rank's disk
     _assert_same_learner_state(learner, fresh)
