@@ -77,8 +77,7 @@ def gather_episode_means(
     Factory's meaning of the flag). The ranks advance in lockstep (one all-reduce per iteration, each rank
     training the same number of trajectories in it), so equal shares are the job's most recent episodes up to
     one iteration. Taking every rank's whole ``capacity`` would make the window ``W`` times longer in env steps
-    and the mean lag behind the policy by as much: with 2 ranks, CartPole's mean crossed 475 about 50,000 env
-    steps later than with the job's window, for the same learning (benchmarks/README.md, 2026-12-01).
+    and the mean lag behind the policy by as much (a return target, --stop_at_return_mean, then stops late).
 
     Args:
         returns, lengths: per policy, this rank's last episodes (raw env rewards summed; agent steps), at most

@@ -433,7 +433,7 @@ def video_fps(name: str, env: gym.Env, frameskip: int | None = None) -> float:
 
     Gymnasium's ``render_fps`` is that rate for most envs (CartPole's 50, MuJoCo's ``1 / dt`` of a step); the
     Atari and Doom envs give their game's rate instead (ALE 30, ViZDoom 35), while a step here is 4 frames: their
-    videos played 2x and 4x too fast. For them, :data:`GAME_FPS` over :data:`FRAMESKIP`: 15 and 8.75.
+    videos would play 2x and 4x too fast at it. For them, :data:`GAME_FPS` over :data:`FRAMESKIP`: 15 and 8.75.
     """
     family = family_of(name)
     if family in GAME_FPS:  # frameskip: the evaluation env's frames per step (--eval_env_frameskip)

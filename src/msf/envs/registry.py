@@ -48,8 +48,7 @@ def declare_spaces(name: str, observation_space: gym.Space, action_space: gym.Sp
     """Declare the spaces of the env ``name`` (a name given to :func:`register_env`, or a gymnasium id) as
     ``make_env`` will return them (one agent's, for a multi-agent env of ``num_agents``), so that
     ``msf-train`` reads them here instead of making an env in its own process before the workers start: an env
-    whose constructor takes S seconds then costs its S once per env, not once more (one worker making 2 envs of
-    90 s started training after 285 s, the launcher's 90 s included). Call it where the env is registered.
+    whose constructor takes S seconds then costs its S once per env, not once more. Call it where the env is registered.
     Every env made afterwards is checked against the declaration (a mismatch is an error, naming both).
 
     Raises:
@@ -353,8 +352,7 @@ def env_spaces(name: str, env_config: dict[str, Any] | None = None, note_after_s
     """The spaces of the env ``name``: those declared for it (:func:`declare_spaces`), without making it; else
     one env made in this process, read and closed (not reset: ViZDoom's engine starts at the first reset, so
     this costs a Doom env nothing). An env whose constructor takes longer than ``note_after_s`` is said to on
-    stderr, with how to skip it, and how long it took: before this, a constructor of 90 s was 90 s of silence
-    before the workers even started.
+    stderr, with how to skip it, and how long it took (the workers start only after it).
 
     Raises:
         ConfigError: unknown env, a family whose extra is missing, or unsupported spaces.
