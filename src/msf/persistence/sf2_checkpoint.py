@@ -352,6 +352,47 @@ def _fit(t: torch.Tensor, shape: torch.Size) -> torch.Tensor | None:
     return None
 
 
+def _check_scaling(
+    sf_model: dict, sf_cfg: dict, model: torch.nn.Module, target: dict, source: str
+) -> tuple[float, float]:
+    """Sample Factory's observation scaling ``(obs_scale, obs_subtract_mean)``, which must be the model's.
+
+    Raises:
+        Sf2Refused: the model scales its observations otherwise, or does not squash a Gaussian's means as Sample
+            Factory's ``continuous_tanh_scale`` did.
+    """
+    image = any(k.startswith("actor_encoder.conv.") for k in target)
+    k, s = float(sf_cfg["obs_scale"]), float(sf_cfg["obs_subtract_mean"])
+    want = (float(getattr(model, "obs_scale", 255.0 if image else 1.0)), float(getattr(model, "obs_subtract", 0.0)))
+    if (k, s) != want:
+        _refuse(
+            f"{source}: Sample Factory scaled its observations as (obs - {s:g}) / {k:g} (obs_scale, "
+            f"obs_subtract_mean), msf's model as (obs - {want[1]:g}) / {want[0]:g}"
+        )
+    tanh = float(sf_cfg.get("continuous_tanh_scale") or 0.0)
+    if (
+        "action_parameterization.learned_stddev" in sf_model
+        and tanh > 0
+        and float(getattr(model, "tanh_scale", 0.0)) != tanh
+    ):
+        _refuse(f"{source}: continuous_tanh_scale={tanh:g} squashes the Gaussian's means, and msf's model does not")
+    return k, s
+
+
+def _normalizer(sf_model: dict, sf: str, p: str, k: float, s: float) -> dict[str, torch.Tensor]:
+    """msf's normaliser ``p`` (``mean``, ``var``, ``count`` and the float32 ``mean_f32``, ``std_f32``) from Sample
+    Factory's running statistics under ``sf`` of values scaled as ``(x - s) / k``: statistics of the raw values
+    (the module's docstring)."""
+    m, v = sf_model[sf + "running_mean"].double(), sf_model[sf + "running_var"].double()
+    return {
+        p + "mean": s + k * m,
+        p + "var": k * k * v,
+        p + "count": sf_model[sf + "count"].double(),
+        p + "mean_f32": (s + k * m).float(),
+        p + "std_f32": (k * torch.sqrt(v + _SF_EPS)).float(),
+    }
+
+
 def convert_model_state(sf_model: dict, sf_cfg: dict, model: torch.nn.Module, source: str) -> dict:
     """msf's state dict for ``model`` from a Sample Factory model state dict (see the module's table).
 
@@ -380,48 +421,26 @@ def convert_model_state(sf_model: dict, sf_cfg: dict, model: torch.nn.Module, so
             unmapped.append(key)
             continue
         out[name], origin[name] = value, key
-    image = any(k.startswith("actor_encoder.conv.") for k in target)
-    k, s = float(sf_cfg["obs_scale"]), float(sf_cfg["obs_subtract_mean"])
-    want = (float(getattr(model, "obs_scale", 255.0 if image else 1.0)), float(getattr(model, "obs_subtract", 0.0)))
-    if (k, s) != want:
-        _refuse(
-            f"{source}: Sample Factory scaled its observations as (obs - {s:g}) / {k:g} (obs_scale, "
-            f"obs_subtract_mean), msf's model as (obs - {want[1]:g}) / {want[0]:g}"
-        )
-    tanh = float(sf_cfg.get("continuous_tanh_scale") or 0.0)
-    if (
-        "action_parameterization.learned_stddev" in sf_model
-        and tanh > 0
-        and float(getattr(model, "tanh_scale", 0.0)) != tanh
-    ):
-        _refuse(f"{source}: continuous_tanh_scale={tanh:g} squashes the Gaussian's means, and msf's model does not")
+    k, s = _check_scaling(sf_model, sf_cfg, model, target, source)
     for key in sf_model:
         if key.startswith("obs_normalizer.") and not (
             key.startswith(_OBS_NORM) and key[len(_OBS_NORM) :] in ("running_mean", "running_var", "count")
         ):
             unmapped.append(key)
-    if _OBS_NORM + "running_mean" in sf_model:
-        m, v = sf_model[_OBS_NORM + "running_mean"].double(), sf_model[_OBS_NORM + "running_var"].double()
-        dests = [
-            p
-            for p in ("obs_normalizer.", "actor_encoder.normalizer.", "critic_encoder.normalizer.")
-            if p + "mean" in target
-        ]
-        if not dests:
-            unmapped.append(_OBS_NORM + "running_mean")
-        for p in dests:  # statistics of the raw values (the module's docstring)
-            out[p + "mean"], out[p + "var"] = s + k * m, k * k * v
-            out[p + "count"] = sf_model[_OBS_NORM + "count"].double()
-            out[p + "mean_f32"], out[p + "std_f32"] = (s + k * m).float(), (k * torch.sqrt(v + _SF_EPS)).float()
-            for suffix, sf in (("mean", "running_mean"), ("var", "running_var"), ("count", "count")):
-                origin[p + suffix] = _OBS_NORM + sf
-    if "returns_normalizer.running_mean" in sf_model:
-        m, v = sf_model["returns_normalizer.running_mean"].double(), sf_model["returns_normalizer.running_var"].double()
-        p = "returns_normalizer."
-        out[p + "mean"], out[p + "var"], out[p + "count"] = m, v, sf_model[p + "count"].double()
-        out[p + "mean_f32"], out[p + "std_f32"] = m.float(), torch.sqrt(v + _SF_EPS).float()
-        for suffix, sf in (("mean", "running_mean"), ("var", "running_var"), ("count", "count")):
-            origin[p + suffix] = p + sf
+    obs = [
+        p
+        for p in ("obs_normalizer.", "actor_encoder.normalizer.", "critic_encoder.normalizer.")
+        if p + "mean" in target
+    ]
+    if _OBS_NORM + "running_mean" in sf_model and not obs:
+        unmapped.append(_OBS_NORM + "running_mean")
+    for sf, dests, scale, shift in ((_OBS_NORM, obs, k, s), ("returns_normalizer.", ["returns_normalizer."], 1.0, 0.0)):
+        if sf + "running_mean" in sf_model:
+            for p in dests:
+                out.update(_normalizer(sf_model, sf, p, scale, shift))
+                origin.update(
+                    {p + key: sf + ("running_" + key if key != "count" else key) for key in ("mean", "var", "count")}
+                )
     problems = [
         f"its {key} has no counterpart in msf's model{_hint(key)}"
         for key in unmapped + [origin.get(n, n) for n in out if n not in target]
