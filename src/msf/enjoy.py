@@ -27,9 +27,10 @@ import time
 import numpy as np
 import torch
 
-from msf.cfg.arguments import EVALUATION_FLAGS, SCOPE_NOTES, build_parser, integer, str2bool
+from msf.cfg.arguments import EVALUATION_FLAGS, SCOPE_NOTES, add_flags, build_parser
 from msf.cfg.config import FIXED_FLAGS, Config, fixed_for, merge_env_args
 from msf.cfg.flags import FIXED, IGNORED
+from msf.cfg.flags import EvaluationFlags as EvalArgs
 from msf.cfg.validation import ConfigError, Problems
 
 DESCRIPTION = """Evaluate the policy of TRAIN_DIR/EXPERIMENT: load its latest (or best) checkpoint and its saved
@@ -38,106 +39,13 @@ training environment minus its training-only wrappers, print each episode's retu
 means, write them to TRAIN_DIR/EXPERIMENT/eval.json; --save_video writes an mp4 (no display needed).
 Exit codes: 0 done, 2 invalid flags, no experiment or no checkpoint."""
 
-EVAL = "evaluation (msf-enjoy)"
-
-
-@dataclasses.dataclass
-class EvalArgs:
-    """The flags of ``msf-enjoy`` beyond the training config (Sample Factory's names)."""
-
-    load_checkpoint_kind: str = "latest"
-    policy_index: int = 0
-    max_num_episodes: int = 10
-    max_num_frames: int = 10**9
-    eval_deterministic: bool = False
-    save_video: bool = False
-    video_frames: int = 10**9
-    video_name: str | None = None
-    no_render: bool = False
-    fps: int = 0
-
 
 def build_enjoy_parser() -> argparse.ArgumentParser:
     """The parser of ``msf-enjoy``: every training flag (given ones override the saved config) and the
-    evaluation flags of :class:`EvalArgs`."""
+    evaluation flags (:class:`msf.cfg.flags.EvaluationFlags`)."""
     # of the scopes, only "fixed" matters here: the others are about launching and resuming training
     parser = build_parser(prog="msf-enjoy", description=DESCRIPTION, scope_notes={FIXED: SCOPE_NOTES[FIXED]})
-    g = parser.add_argument_group(EVAL)
-    g.add_argument(
-        "--load_checkpoint_kind",
-        default="latest",
-        choices=("latest", "best"),
-        help="latest: the newest periodic checkpoint; best: the one with the best --save_best_metric",
-    )
-    g.add_argument(
-        "--policy_index",
-        type=int,
-        default=0,
-        help="Which policy of a --num_policies run to play (its checkpoint_p{i}/), in [0, num_policies)",
-    )
-    g.add_argument("--max_num_episodes", type=integer, default=10, help="Episodes to play")
-    g.add_argument(
-        "--max_num_frames",
-        type=integer,
-        default=10**9,
-        help="Stop after this many env frames (env steps x env_frameskip), even within an episode",
-    )
-    g.add_argument(
-        "--eval_deterministic",
-        type=str2bool,
-        default=False,
-        metavar="True|False",
-        nargs="?",
-        const=True,
-        help="Take the most likely action (the mean of a Gaussian) instead of sampling",
-    )
-    g.add_argument(
-        "--save_video",
-        type=str2bool,
-        default=False,
-        metavar="True|False",
-        nargs="?",
-        const=True,
-        help="Write the episodes to an mp4 (rendered off-screen, no display needed)",
-    )
-    g.add_argument(
-        "--video_frames",
-        type=integer,
-        default=10**9,
-        help="Frames written to the video at most; -1: the first episode (Sample Factory's meaning)",
-    )
-    g.add_argument(
-        "--video_name",
-        default=None,
-        help="File name of the video in the experiment folder (default replay.mp4), or a path",
-    )
-    g.add_argument(
-        "--no_render",
-        type=str2bool,
-        default=False,
-        metavar="True|False",
-        nargs="?",
-        const=True,
-        help="Do not show the episodes in a window (without a display nothing is shown anyway)",
-    )
-    g.add_argument(
-        "--fps",
-        type=integer,
-        default=0,
-        help="Frames per second of the video and of the window (0: real time, one frame per env step: the env's "
-        "render_fps, or 30 without one; atari_* 15 and doom_* 8.75, their 60 and 35 frames/s over 4 frames per step)",
-    )
-    g.add_argument(
-        "--push_to_hub",
-        type=str2bool,
-        default=False,
-        metavar="True|False",
-        nargs="?",
-        const=True,
-        help="Sample Factory's upload of the experiment to the Hugging Face hub: refused (msf has no hub upload)",
-    )
-    for name in ("hf_repository", "train_script", "enjoy_script"):
-        g.add_argument(f"--{name}", default=None, help=f"Accepted from Sample Factory and ignored: {IGNORED[name]}")
+    add_flags(parser, EvalArgs)
     return parser
 
 
@@ -468,7 +376,7 @@ def main(argv: list[str] | None = None, parsed: tuple[dict, set[str]] | None = N
     else:
         ns, given = dict(parsed[0]), set(parsed[1])
     ev = EvalArgs(**{f.name: ns.pop(f.name) for f in dataclasses.fields(EvalArgs)})
-    if ns.pop("push_to_hub"):
+    if ev.push_to_hub:
         print(
             "msf-enjoy: error: --push_to_hub: msf does not upload to the Hugging Face hub (these machines cannot reach "
             "it, and no upload is tested); copy the experiment folder and use huggingface-cli upload",
@@ -476,7 +384,7 @@ def main(argv: list[str] | None = None, parsed: tuple[dict, set[str]] | None = N
         )
         return 2
     for name in ("hf_repository", "train_script", "enjoy_script"):
-        if ns.pop(name) is not None:
+        if getattr(ev, name) is not None:
             print(f"msf-enjoy: note: --{name} is accepted from Sample Factory and ignored: {IGNORED[name]}")
     cfg = Config(**ns)
     try:
