@@ -18,6 +18,7 @@ checkpoint.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -32,6 +33,8 @@ from msf.cfg.config import FIXED_FLAGS, Config, fixed_for, merge_env_args
 from msf.cfg.flags import FIXED, IGNORED
 from msf.cfg.flags import EvaluationFlags as EvalArgs
 from msf.cfg.validation import ConfigError, Problems
+from msf.persistence.checkpoint import CheckpointError, load_into, load_latest_checkpoint
+from msf.persistence.sf2_checkpoint import as_msf_checkpoint
 
 DESCRIPTION = """Evaluate the policy of TRAIN_DIR/EXPERIMENT: load its latest (or best) checkpoint and its saved
 config (flags given here override it), play --max_num_episodes episodes (or --max_num_frames frames) with the
@@ -117,20 +120,18 @@ def evaluate(cfg: Config, ev: EvalArgs) -> dict:
 
     Raises:
         ConfigError: the policy index is out of range, the experiment has no (readable) checkpoint of the
-            kind asked for, a Sample Factory checkpoint cannot be converted, or the env cannot render the video
+            kind asked for, it cannot be converted or does not fit the model, or the env cannot render the video
             asked for.
-        RuntimeError: the checkpoint does not fit the model (torch's message).
     """
     from msf.envs.families import video_fps
     from msf.envs.registry import spaces_of
     from msf.model.actor_critic import ActorCritic
-    from msf.persistence.sf2_checkpoint import Sf2Refused, as_msf_checkpoint
 
     exp_dir = os.path.join(cfg.train_dir, cfg.experiment)
     from msf.envs.families import eval_frameskip
 
     skip, repeat = eval_frameskip(cfg)
-    state = _load_checkpoint(cfg, ev, exp_dir)
+    state = read_checkpoint(cfg, exp_dir, ev.policy_index, ev.load_checkpoint_kind)
     render = _render_mode(ev, cfg.env)
     seed = cfg.seed if cfg.seed is not None else 0
     env = _make_eval_env(cfg, seed, render, frameskip=skip)
@@ -138,11 +139,7 @@ def evaluate(cfg: Config, ev: EvalArgs) -> dict:
     t0 = time.monotonic()
     try:
         model = ActorCritic(cfg, spaces_of(env))
-        try:  # a Sample Factory 2.1.1 checkpoint is converted for this model
-            state = as_msf_checkpoint(state, model)
-        except Sf2Refused as e:
-            raise ConfigError(str(e)) from None
-        model.load_state_dict(state["model"])
+        state = load_model(model, state)
         model.eval()
         fps = ev.fps or video_fps(cfg.env, env, skip)  # one frame per env step, played in real time
         print(
@@ -180,37 +177,58 @@ def evaluate(cfg: Config, ev: EvalArgs) -> dict:
     }
 
 
-def _load_checkpoint(
-    cfg: Config, ev: EvalArgs, exp_dir: str, prog: str = "msf-enjoy", kind_flag: str = "load_checkpoint_kind"
+def read_checkpoint(
+    cfg: Config,
+    exp_dir: str,
+    policy_index: int = 0,
+    kind: str = "latest",
+    prog: str = "msf-enjoy",
+    flag: str = "load_checkpoint_kind",
 ) -> dict:
-    """The checkpoint of ``--policy_index`` of ``--load_checkpoint_kind``. ``prog`` and ``kind_flag``: the command
-    (in the warnings) and the flag (in the error) to name, for the commands that reuse this (``msf-export``).
+    """The newest readable checkpoint of ``kind`` of policy ``policy_index`` (a broken newer file is named in a
+    warning and left where it is: only msf-train sets one aside, when it resumes). ``prog`` and ``flag``: the
+    command (in the warnings) and the flag (in the error) to name; for the commands that reuse this
+    (``msf-export``).
 
     Raises:
         ConfigError: the index is out of range, or there is no readable checkpoint of that kind.
     """
-    from msf.persistence.checkpoint import scan_checkpoints
-
-    if not 0 <= ev.policy_index < cfg.num_policies:
+    if not 0 <= policy_index < cfg.num_policies:
         raise ConfigError(
             f"--policy_index: must be in [0, {cfg.num_policies}) for {cfg.experiment!r} "
-            f"(trained with --num_policies={cfg.num_policies}), got {ev.policy_index}"
+            f"(trained with --num_policies={cfg.num_policies}), got {policy_index}"
         )
-    # An evaluation reads: a broken file stays where it is (only msf-train sets one aside, when it resumes).
-    scan = scan_checkpoints(exp_dir, policy=ev.policy_index, kind=ev.load_checkpoint_kind)
-    unreadable = "".join(f"; {path} is unreadable ({reason})" for path, reason in scan.unreadable)
-    if scan.state is None:
-        raise ConfigError(
-            f"--{kind_flag}: no readable {ev.load_checkpoint_kind} checkpoint in "
-            f"{os.path.join(exp_dir, f'checkpoint_p{ev.policy_index}')}{unreadable}"
-        )
-    for path, reason in scan.unreadable:
+
+    def warn(path: str, reason: str, used: str) -> None:
         print(
-            f"{prog}: warning: checkpoint {path} is unreadable ({reason}); using the previous one, "
-            f"{scan.state['path']} (the file is left as it is)",
+            f"{prog}: warning: checkpoint {path} is unreadable ({reason}); using the previous one, {used} (the file is "
+            "left as it is)",
             file=sys.stderr,
         )
-    return scan.state
+
+    with _refusals(flag):
+        return load_latest_checkpoint(exp_dir, policy_index, kind=kind, required=True, on_unreadable=warn)
+
+
+def load_model(model: torch.nn.Module, state: dict, flag: str = "experiment") -> dict:
+    """Load the checkpoint ``state`` into ``model`` (a Sample Factory 2.1.1 one converted first); return msf's.
+
+    Raises:
+        ConfigError: it cannot be converted, or does not fit the model.
+    """
+    with _refusals(flag):
+        state = as_msf_checkpoint(state, model)
+        load_into(state, lambda s: model.load_state_dict(s["model"]))
+    return state
+
+
+@contextlib.contextmanager
+def _refusals(flag: str):
+    """A :class:`CheckpointError` as a ``ConfigError`` naming ``--flag`` (unless it names a flag itself)."""
+    try:
+        yield
+    except CheckpointError as e:
+        raise ConfigError(str(e) if str(e).startswith("--") else f"--{flag}: {e}") from None
 
 
 def _render_mode(ev: EvalArgs, env_name: str) -> str | None:

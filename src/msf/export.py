@@ -378,7 +378,7 @@ def load_policy(train_dir: str, experiment: str, policy_index: int = 0) -> tuple
             policy (naming the policies with one), the index out of range, the env cannot be made, or the
             checkpoint does not fit the model.
     """
-    from msf.enjoy import EvalArgs, _load_checkpoint, _load_config
+    from msf.enjoy import _load_config, load_model, read_checkpoint
     from msf.envs.registry import env_config_of, env_spaces
     from msf.model.actor_critic import ActorCritic
     from msf.persistence.checkpoint import checkpoint_dir, list_checkpoints
@@ -404,25 +404,9 @@ def load_policy(train_dir: str, experiment: str, policy_index: int = 0) -> tuple
             f"--experiment: {experiment!r} has no checkpoint yet (no checkpoint_*.pth in "
             f"{checkpoint_dir(exp_dir, policy_index)}): msf-train writes them while it trains"
         )
-    state = _load_checkpoint(
-        cfg, EvalArgs(policy_index=policy_index), exp_dir, prog="msf-export", kind_flag="experiment"
-    )
-    from msf.persistence.sf2_checkpoint import Sf2Refused, as_msf_checkpoint
-
-    spaces = env_spaces(cfg.env, env_config_of(cfg))
-    model = ActorCritic(cfg, spaces)
-    try:
-        state = as_msf_checkpoint(state, model)  # a Sample Factory 2.1.1 checkpoint, converted (others as they are)
-    except Sf2Refused as e:
-        raise ConfigError(str(e)) from None
-    try:
-        model.load_state_dict(state["model"])
-    except RuntimeError as e:
-        lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
-        first = " ".join(lines[:2])  # torch's first line only announces the list of mismatches
-        raise ConfigError(
-            f"--experiment: the checkpoint {state['path']} does not fit the model of its config.json ({first})"
-        ) from None
+    state = read_checkpoint(cfg, exp_dir, policy_index, prog="msf-export", flag="experiment")
+    model = ActorCritic(cfg, env_spaces(cfg.env, env_config_of(cfg)))
+    state = load_model(model, state)  # a Sample Factory 2.1.1 checkpoint, converted (others as they are)
     return model.eval(), cfg, state
 
 

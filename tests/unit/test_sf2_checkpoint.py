@@ -19,7 +19,7 @@ import torch
 
 from msf.cfg.arguments import EVALUATION_FLAGS
 from msf.cfg.config import Config
-from msf.enjoy import EvalArgs, _load_checkpoint, _load_config
+from msf.enjoy import _load_config, read_checkpoint
 from msf.envs.registry import EnvSpaces
 from msf.model.actor_critic import ActorCritic
 from msf.persistence.checkpoint import list_checkpoints
@@ -51,7 +51,7 @@ def _spaces(name: str, obs: np.ndarray, logits: np.ndarray) -> EnvSpaces:
 def _load(train_dir: Path, name: str, spaces: EnvSpaces) -> tuple[Config, ActorCritic, dict]:
     """msf-enjoy's path: its config loading, its checkpoint loading, the model, the conversion."""
     cfg = _load_config(Config(train_dir=str(train_dir), experiment=name), {"train_dir", "experiment"})
-    state = _load_checkpoint(cfg, EvalArgs(), str(train_dir / name))
+    state = read_checkpoint(cfg, str(train_dir / name))
     model = ActorCritic(cfg, spaces)
     state = as_msf_checkpoint(state, model)
     model.load_state_dict(state["model"])
@@ -185,7 +185,7 @@ def test_adams_moments_are_carried_over_parameter_by_parameter(name, pairs):
     """Sample Factory's separate-weights model orders its parameters unlike msf's: each moment lands on its own."""
     ref = np.load(DATA / name / "reference.npz")
     cfg, model, _ = _load(DATA, name, _spaces(name, ref["obs"], ref["action_logits"]))
-    sf = _load_checkpoint(cfg, EvalArgs(), str(DATA / name))
+    sf = read_checkpoint(cfg, str(DATA / name))
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.learning_rate)
     optimizer.load_state_dict(as_msf_checkpoint(sf, model, optimizer, resume=True, announce=False)["optimizer"])
     sf_params = [k for k in sf["model"] if not k.startswith(("obs_normalizer.", "returns_normalizer."))]

@@ -10,9 +10,15 @@ In ``checkpoint_p{policy}/``:
 Every file is written to a temporary file in the same folder, flushed to disk and renamed
 with ``os.replace``, so a crash never leaves a half-written newest checkpoint; a write that fails (a full
 disk) removes its temporary file and raises :class:`CheckpointWriteFailed`, which names the file, the free
-space and the newest checkpoint kept. Loading uses ``torch.load(weights_only=True)``: a checkpoint holding
-anything but tensors and plain data (a pickled object could run code) is refused. Loading never moves a
-file: only ``msf-train`` sets an unreadable one aside (:func:`set_aside`), before it spawns anything.
+space and the newest checkpoint kept.
+
+Loading is one path for every command (training's resume, ``msf-enjoy``, ``msf-export``):
+:func:`load_latest_checkpoint` reads the folder from the newest file back (``torch.load(weights_only=True)``: a
+pickled object could run code), the caller converts a Sample Factory checkpoint
+(:func:`msf.persistence.sf2_checkpoint.as_msf_checkpoint`) and loads it with :func:`load_into`. Every refusal
+(no file, none readable, a pickled object, non-finite values, a model that does not fit, a Sample Factory one
+that cannot be converted) is a :class:`CheckpointError` of one line. Loading never moves a file: only
+``msf-train`` sets an unreadable one aside (:func:`set_aside`), before it spawns anything.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -187,10 +194,11 @@ def list_checkpoints(exp_dir: str, policy: int = 0, kind: str = "latest") -> lis
 
 
 def load_checkpoint_file(path: str, map_location: str = "cpu") -> dict:
-    """Load one checkpoint file safely.
+    """Load one checkpoint file safely; ``path`` is added to the dict.
 
     Raises:
         CheckpointRefused: the file holds a pickled object other than tensors and plain data.
+        CheckpointError: its model holds non-finite values (a run that diverged).
         Exception: any error of a corrupt or truncated file (``RuntimeError``, ``EOFError``, ...).
     """
     try:
@@ -208,15 +216,24 @@ def load_checkpoint_file(path: str, map_location: str = "cpu") -> dict:
             f"{path} holds an object ({found[1]}) other than tensors and plain data, which could run code "
             "when loaded; refused"
         ) from None
+    model = state.get("model") or {}
+    bad = [k for k, t in model.items() if torch.is_tensor(t) and t.is_floating_point() and not t.isfinite().all()]
+    if bad:
+        more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+        raise CheckpointError(f"{path} holds non-finite values (in {bad[0]}{more})")
     state["path"] = path
     return state
 
 
-class CheckpointRefused(RuntimeError):
+class CheckpointError(RuntimeError):
+    """A checkpoint msf cannot use; the message is one line that names the file or folder and why."""
+
+
+class CheckpointRefused(CheckpointError):
     """A checkpoint would need to unpickle arbitrary objects (which can execute code)."""
 
 
-class NoReadableCheckpoint(RuntimeError):
+class NoReadableCheckpoint(CheckpointError):
     """Checkpoint files exist, and none of them can be read (the message names each, with its reason)."""
 
     def __init__(self, folder: str, unreadable: list[tuple[str, str]]):
@@ -227,8 +244,8 @@ class NoReadableCheckpoint(RuntimeError):
 
 def unreadable_reason(e: BaseException) -> str:
     """Why a file could not be read or written, in one line: the error's type and the first sentence of its
-    message. Some errors have no message (an empty file makes torch.load raise a bare ``EOFError``, and the
-    warning then said ``unreadable ()``); torch's run on for lines of advice after the first sentence."""
+    message (torch's run on for lines of advice after it), or what an error without a message means (an empty
+    file makes torch.load raise a bare ``EOFError``)."""
     first = next((line.strip() for line in str(e).splitlines() if line.strip()), "").split(". ")[0]
     if not first and isinstance(e, EOFError):
         first = "the file is empty or cut short"
@@ -262,24 +279,54 @@ def scan_checkpoints(exp_dir: str, policy: int = 0, kind: str = "latest", map_lo
     return scan
 
 
-def load_latest_checkpoint(
-    exp_dir: str, policy: int = 0, map_location: str = "cpu", kind: str = "latest"
-) -> dict | None:
-    """The newest readable checkpoint of ``kind`` (``latest`` or ``best``), or None when there is no file.
+def _log_unreadable(path: str, reason: str, used: str) -> None:
+    log.warning("checkpoint %s is unreadable (%s); loaded the previous one, %s", path, reason, used)
 
-    A corrupt, truncated or refused newer file is logged (with its reason) and the one before it is used; the
-    file stays where it is (``msf-train`` sets such files aside before it spawns anything:
-    :func:`msf.runner.experiment.check_checkpoints`).
+
+def load_latest_checkpoint(
+    exp_dir: str,
+    policy: int = 0,
+    map_location: str = "cpu",
+    kind: str = "latest",
+    required: bool = False,
+    on_unreadable: Callable[[str, str, str], None] = _log_unreadable,
+) -> dict | None:
+    """The newest readable checkpoint of ``kind`` (``latest`` or ``best``) of policy ``policy``, or None when there
+    is no file (``required``: refused).
+
+    A corrupt, truncated, refused or non-finite newer file is passed to ``on_unreadable(path, reason, used)``
+    (default: a warning in the log) and the one before it is used; the file stays where it is (``msf-train`` sets
+    such files aside before it spawns anything: :func:`msf.runner.experiment.check_checkpoints`).
 
     Raises:
         NoReadableCheckpoint: there are checkpoint files, and none is readable.
+        CheckpointError: ``required`` and there is no checkpoint file of ``kind``.
     """
     scan = scan_checkpoints(exp_dir, policy, kind, map_location)
     if scan.state is None and scan.unreadable:
         raise NoReadableCheckpoint(checkpoint_dir(exp_dir, policy), scan.unreadable)
+    if scan.state is None and required:
+        raise CheckpointError(f"no readable {kind} checkpoint in {checkpoint_dir(exp_dir, policy)}")
     for path, reason in scan.unreadable:
-        log.warning("checkpoint %s is unreadable (%s); loaded the previous one, %s", path, reason, scan.state["path"])
+        on_unreadable(path, reason, scan.state["path"])
     return scan.state
+
+
+def load_into(state: dict, load: Callable[[dict], object]) -> None:
+    """``load(state)`` (a learner's ``load_state_dict``, or a model's on ``state["model"]``), with torch's refusal of
+    a checkpoint that does not fit (missing or unexpected tensors, other shapes) as a :class:`CheckpointError`.
+
+    Raises:
+        CheckpointError: it does not fit (naming the file and torch's first mismatch).
+    """
+    try:
+        load(state)
+    except RuntimeError as e:
+        if isinstance(e, CheckpointError):
+            raise
+        lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+        first = " ".join(lines[:2])  # torch's first line only announces the list of mismatches
+        raise CheckpointError(f"the checkpoint {state.get('path')} does not fit the model ({first})") from None
 
 
 def set_aside(path: str) -> str | None:

@@ -64,6 +64,7 @@ import torch
 
 from msf.persistence.checkpoint import (
     BackgroundCheckpointWriter,
+    CheckpointError,
     _atomic_write,
     checkpoint_dir,
     list_checkpoints,
@@ -155,7 +156,7 @@ _ENCODER = tuple(
 )
 
 
-class Sf2Refused(ValueError):
+class Sf2Refused(CheckpointError, ValueError):
     """A Sample Factory folder that msf cannot use as it is. The message is one line, ``--experiment: ...``, and
     names what could not be mapped."""
 
