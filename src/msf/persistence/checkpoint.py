@@ -127,8 +127,11 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:.1f} MiB"
 
 
-def save_checkpoint(state: dict, exp_dir: str, keep: int, policy: int = 0, milestone: bool = False) -> str:
-    """Write ``state`` atomically; delete all but the newest ``keep``; return the path.
+def save_checkpoint(
+    state: dict, exp_dir: str, keep: int, policy: int = 0, milestone: bool = False, spared: frozenset[str] = frozenset()
+) -> str:
+    """Write ``state`` atomically; delete all but the newest ``keep`` (the files in ``spared``, Sample Factory's, are
+    neither counted nor deleted); return the path.
 
     ``state`` must hold ``train_step`` and ``env_steps`` (ints), used in the file name. With
     ``milestone``, a copy also goes to ``milestones/``, where nothing is ever deleted.
@@ -138,23 +141,26 @@ def save_checkpoint(state: dict, exp_dir: str, keep: int, policy: int = 0, miles
     name = f"checkpoint_{state['train_step']:09d}_{state['env_steps']}.pth"
     path = os.path.join(d, name)
     _atomic_write(path, lambda f: torch.save(state, f))
-    if milestone:
+    if milestone and os.path.join(d, "milestones", name) not in spared:
         os.makedirs(os.path.join(d, "milestones"), exist_ok=True)
         with open(path, "rb") as src:
             _atomic_write(os.path.join(d, "milestones", name), lambda f: shutil.copyfileobj(src, f))
-    for old in list_checkpoints(exp_dir, policy)[:-keep]:
+    for old in [p for p in list_checkpoints(exp_dir, policy) if p not in spared][:-keep]:
         os.unlink(old)
     return path
 
 
-def save_best_checkpoint(state: dict, exp_dir: str, metric: str, value: float, policy: int = 0) -> str:
-    """Write ``state`` as the best checkpoint (``value`` of ``metric``), replacing the previous best."""
+def save_best_checkpoint(
+    state: dict, exp_dir: str, metric: str, value: float, policy: int = 0, spared: frozenset[str] = frozenset()
+) -> str:
+    """Write ``state`` as the best checkpoint (``value`` of ``metric``), replacing the previous best (not one in
+    ``spared``)."""
     d = checkpoint_dir(exp_dir, policy)
     os.makedirs(d, exist_ok=True)
     path = os.path.join(d, f"best_{state['train_step']:09d}_{state['env_steps']}_{metric}_{value:.3f}.pth")
     _atomic_write(path, lambda f: torch.save(state, f))
     for old in list_checkpoints(exp_dir, policy, kind="best"):
-        if old != path:
+        if old != path and old not in spared:
             os.unlink(old)
     return path
 
@@ -360,13 +366,17 @@ class BackgroundCheckpointWriter:
     Args:
         exp_dir: the experiment folder. keep: how many newest checkpoints to keep.
         metric: the name of the best-checkpoint metric, for the file name. policy: whose checkpoints
-            (``checkpoint_p{policy}/``).
+            (``checkpoint_p{policy}/``). spared: files of that folder never replaced, counted or deleted (Sample
+            Factory's: :func:`msf.persistence.sf2_checkpoint.sf2_files`); a checkpoint of the same name (the same
+            train step and env steps: nothing was learnt since) is not written.
     """
 
-    def __init__(self, exp_dir: str, keep: int, metric: str = "reward", policy: int = 0):
+    def __init__(
+        self, exp_dir: str, keep: int, metric: str = "reward", policy: int = 0, spared: frozenset[str] = frozenset()
+    ):
         import concurrent.futures
 
-        self.exp_dir, self.keep, self.metric, self.policy = exp_dir, keep, metric, policy
+        self.exp_dir, self.keep, self.metric, self.policy, self.spared = exp_dir, keep, metric, policy, spared
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
         self.pending = None
 
@@ -377,19 +387,16 @@ class BackgroundCheckpointWriter:
         self.pending = self.pool.submit(self._write, snapshot(state), milestone, best)
 
     def _write(self, state: dict, milestone: bool, best: float | None) -> None:
-        if best is not None:
-            log.info(
-                "saved the best checkpoint so far (%s %.3f): %s",
-                self.metric,
-                best,
-                save_best_checkpoint(state, self.exp_dir, self.metric, best, policy=self.policy),
-            )
+        stem = f"{state['train_step']:09d}_{state['env_steps']}"
+        name = f"best_{stem}_{self.metric}_{best:.3f}.pth" if best is not None else f"checkpoint_{stem}.pth"
+        if (path := os.path.join(checkpoint_dir(self.exp_dir, self.policy), name)) in self.spared:
+            log.info("not written: %s is Sample Factory's, of the same step, and stays as it is", path)
+        elif best is not None:
+            path = save_best_checkpoint(state, self.exp_dir, self.metric, best, self.policy, self.spared)
+            log.info("saved the best checkpoint so far (%s %.3f): %s", self.metric, best, path)
         else:
-            log.info(
-                "saved %s%s",
-                save_checkpoint(state, self.exp_dir, self.keep, policy=self.policy, milestone=milestone),
-                " (and a milestone copy)" if milestone else "",
-            )
+            path = save_checkpoint(state, self.exp_dir, self.keep, self.policy, milestone, self.spared)
+            log.info("saved %s%s", path, " (and a milestone copy)" if milestone else "")
 
     def flush(self) -> None:
         """Wait for the write in flight; raise its error, if any."""

@@ -7,7 +7,7 @@ A folder that Sample Factory 2.1.1 wrote (``train_dir/EXP/config.json``, ``check
 ``msf-enjoy`` plays it and ``msf-train`` resumes it; nothing of Sample Factory's is ever changed, renamed or
 deleted: in such a folder msf writes its config to ``msf_config.json`` (read before ``config.json`` from then on)
 and its checkpoints beside Sample Factory's, whose files its keep-N rotation and best-checkpoint replacement leave
-alone (:class:`SparingCheckpointWriter`).
+alone (the writer's ``spared`` files: :func:`sf2_files`).
 
 The standard model maps tensor for tensor (Sample Factory's name, then msf's)::
 
@@ -62,14 +62,7 @@ from typing import Collection, NoReturn
 
 import torch
 
-from msf.persistence.checkpoint import (
-    BackgroundCheckpointWriter,
-    CheckpointError,
-    _atomic_write,
-    checkpoint_dir,
-    list_checkpoints,
-    save_checkpoint,
-)
+from msf.persistence.checkpoint import CheckpointError, checkpoint_dir, list_checkpoints
 
 log = logging.getLogger("msf")
 
@@ -595,49 +588,3 @@ def sf2_files(exp_dir: str, policy: int = 0) -> frozenset[str]:
         if is_sf2_checkpoint(state):
             kept.add(path)
     return frozenset(kept)
-
-
-class SparingCheckpointWriter(BackgroundCheckpointWriter):
-    """:class:`~msf.persistence.checkpoint.BackgroundCheckpointWriter` for a folder that also holds Sample Factory's
-    checkpoints (``spared``): the keep-N rotation counts and deletes only msf's files, a new best checkpoint replaces
-    only msf's, and a file whose name is one of Sample Factory's (the same train step and env steps: nothing was
-    learnt since) is not written at all."""
-
-    def __init__(
-        self, exp_dir: str, keep: int, metric: str = "reward", policy: int = 0, spared: frozenset[str] = frozenset()
-    ):
-        super().__init__(exp_dir, keep, metric, policy)
-        self.spared = spared
-
-    def _write(self, state: dict, milestone: bool, best: float | None) -> None:
-        d = checkpoint_dir(self.exp_dir, self.policy)
-        stem = f"{state['train_step']:09d}_{state['env_steps']}"
-        path = os.path.join(
-            d, f"best_{stem}_{self.metric}_{best:.3f}.pth" if best is not None else f"checkpoint_{stem}.pth"
-        )
-        if path in self.spared:
-            log.info("not written: %s is Sample Factory's, of the same step, and stays as it is", path)
-            return
-        if best is None:
-            milestone = milestone and os.path.join(d, "milestones", os.path.basename(path)) not in self.spared
-            save_checkpoint(state, self.exp_dir, keep=1 << 30, policy=self.policy, milestone=milestone)
-            mine = [p for p in list_checkpoints(self.exp_dir, self.policy) if p not in self.spared]
-            for old in mine[: -self.keep]:
-                os.unlink(old)
-            log.info("saved %s%s", path, " (and a milestone copy)" if milestone else "")
-            return
-        os.makedirs(d, exist_ok=True)
-        _atomic_write(path, lambda f: torch.save(state, f))
-        for old in list_checkpoints(self.exp_dir, self.policy, kind="best"):
-            if old != path and old not in self.spared:
-                os.unlink(old)
-        log.info("saved the best checkpoint so far (%s %.3f): %s", self.metric, best, path)
-
-
-def checkpoint_writer(exp_dir: str, keep: int, metric: str = "reward", policy: int = 0) -> BackgroundCheckpointWriter:
-    """The checkpoint writer of policy ``policy``: a :class:`SparingCheckpointWriter` where its folder holds Sample
-    Factory's checkpoints, else the plain one."""
-    spared = sf2_files(exp_dir, policy)
-    if spared:
-        return SparingCheckpointWriter(exp_dir, keep, metric, policy, spared)
-    return BackgroundCheckpointWriter(exp_dir, keep, metric, policy)
