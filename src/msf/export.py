@@ -247,6 +247,19 @@ def description_path(path: str) -> str:
     return path + ".json"
 
 
+def _actions_and_core(model: nn.Module) -> dict:
+    """The description's ``actions`` (type, count, ``nvec``) and ``rnn`` (None without a core) of ``model``."""
+    nvec = model.spaces.action_nvec
+    kind = "continuous" if model.continuous else "discrete" if nvec is None else "multi_discrete"
+    actions = {"type": kind, "num_actions": model.spaces.num_actions, "nvec": list(nvec) if nvec is not None else None}
+    if model.core is None:
+        return {"actions": actions, "rnn": None}
+    rnn = {"type": model.rnn_type, "num_layers": model.rnn_layers, "size": model.rnn_size}
+    # cores 2: the actor's state, then the critic's
+    rnn.update(cores=1 if model.critic_core is None else 2, state_size=model.rnn_state_size)
+    return {"actions": actions, "rnn": rnn}
+
+
 def export_policy(model: nn.Module, fmt: str, path: str, source: dict | None = None) -> dict:
     """Trace ``model`` (an :class:`~msf.model.ActorCritic`) into ``path`` as ``fmt`` (``onnx`` or
     ``torchscript``), check the file against the model on :data:`CHECK_ROWS` sample inputs, and write its
@@ -268,27 +281,12 @@ def export_policy(model: nn.Module, fmt: str, path: str, source: dict | None = N
     """
     require_format(fmt)
     inputs, outputs = policy_io(model)
-    spaces = model.spaces
-    kind = "continuous" if model.continuous else "discrete" if spaces.action_nvec is None else "multi_discrete"
     desc = {
         "format": fmt,
         "file": os.path.abspath(path),
         "inputs": inputs,
         "outputs": outputs,
-        "actions": {
-            "type": kind,
-            "num_actions": spaces.num_actions,
-            "nvec": list(spaces.action_nvec) if spaces.action_nvec is not None else None,
-        },
-        "rnn": None
-        if model.core is None
-        else {
-            "type": model.rnn_type,
-            "num_layers": model.rnn_layers,
-            "size": model.rnn_size,
-            "cores": 1 if model.critic_core is None else 2,  # 2: the actor's state, then the critic's
-            "state_size": model.rnn_state_size,
-        },
+        **_actions_and_core(model),
         **({"opset": ONNX_OPSET} if fmt == "onnx" else {}),
         **(source or {}),
     }
