@@ -18,6 +18,7 @@ checkpoint.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -27,10 +28,13 @@ import time
 import numpy as np
 import torch
 
-from msf.cfg.arguments import EVALUATION_FLAGS, SCOPE_NOTES, build_parser, integer, str2bool
+from msf.cfg.arguments import EVALUATION_FLAGS, SCOPE_NOTES, add_flags, build_parser
 from msf.cfg.config import FIXED_FLAGS, Config, fixed_for, merge_env_args
 from msf.cfg.flags import FIXED, IGNORED
+from msf.cfg.flags import EvaluationFlags as EvalArgs
 from msf.cfg.validation import ConfigError, Problems
+from msf.persistence.checkpoint import CheckpointError, load_into, load_latest_checkpoint
+from msf.persistence.sf2_checkpoint import as_msf_checkpoint
 
 DESCRIPTION = """Evaluate the policy of TRAIN_DIR/EXPERIMENT: load its latest (or best) checkpoint and its saved
 config (flags given here override it), play --max_num_episodes episodes (or --max_num_frames frames) with the
@@ -38,106 +42,13 @@ training environment minus its training-only wrappers, print each episode's retu
 means, write them to TRAIN_DIR/EXPERIMENT/eval.json; --save_video writes an mp4 (no display needed).
 Exit codes: 0 done, 2 invalid flags, no experiment or no checkpoint."""
 
-EVAL = "evaluation (msf-enjoy)"
-
-
-@dataclasses.dataclass
-class EvalArgs:
-    """The flags of ``msf-enjoy`` beyond the training config (Sample Factory's names)."""
-
-    load_checkpoint_kind: str = "latest"
-    policy_index: int = 0
-    max_num_episodes: int = 10
-    max_num_frames: int = 10**9
-    eval_deterministic: bool = False
-    save_video: bool = False
-    video_frames: int = 10**9
-    video_name: str | None = None
-    no_render: bool = False
-    fps: int = 0
-
 
 def build_enjoy_parser() -> argparse.ArgumentParser:
     """The parser of ``msf-enjoy``: every training flag (given ones override the saved config) and the
-    evaluation flags of :class:`EvalArgs`."""
+    evaluation flags (:class:`msf.cfg.flags.EvaluationFlags`)."""
     # of the scopes, only "fixed" matters here: the others are about launching and resuming training
     parser = build_parser(prog="msf-enjoy", description=DESCRIPTION, scope_notes={FIXED: SCOPE_NOTES[FIXED]})
-    g = parser.add_argument_group(EVAL)
-    g.add_argument(
-        "--load_checkpoint_kind",
-        default="latest",
-        choices=("latest", "best"),
-        help="latest: the newest periodic checkpoint; best: the one with the best --save_best_metric",
-    )
-    g.add_argument(
-        "--policy_index",
-        type=int,
-        default=0,
-        help="Which policy of a --num_policies run to play (its checkpoint_p{i}/), in [0, num_policies)",
-    )
-    g.add_argument("--max_num_episodes", type=integer, default=10, help="Episodes to play")
-    g.add_argument(
-        "--max_num_frames",
-        type=integer,
-        default=10**9,
-        help="Stop after this many env frames (env steps x env_frameskip), even within an episode",
-    )
-    g.add_argument(
-        "--eval_deterministic",
-        type=str2bool,
-        default=False,
-        metavar="True|False",
-        nargs="?",
-        const=True,
-        help="Take the most likely action (the mean of a Gaussian) instead of sampling",
-    )
-    g.add_argument(
-        "--save_video",
-        type=str2bool,
-        default=False,
-        metavar="True|False",
-        nargs="?",
-        const=True,
-        help="Write the episodes to an mp4 (rendered off-screen, no display needed)",
-    )
-    g.add_argument(
-        "--video_frames",
-        type=integer,
-        default=10**9,
-        help="Frames written to the video at most; -1: the first episode (Sample Factory's meaning)",
-    )
-    g.add_argument(
-        "--video_name",
-        default=None,
-        help="File name of the video in the experiment folder (default replay.mp4), or a path",
-    )
-    g.add_argument(
-        "--no_render",
-        type=str2bool,
-        default=False,
-        metavar="True|False",
-        nargs="?",
-        const=True,
-        help="Do not show the episodes in a window (without a display nothing is shown anyway)",
-    )
-    g.add_argument(
-        "--fps",
-        type=integer,
-        default=0,
-        help="Frames per second of the video and of the window (0: real time, one frame per env step: the env's "
-        "render_fps, or 30 without one; atari_* 15 and doom_* 8.75, their 60 and 35 frames/s over 4 frames per step)",
-    )
-    g.add_argument(
-        "--push_to_hub",
-        type=str2bool,
-        default=False,
-        metavar="True|False",
-        nargs="?",
-        const=True,
-        help="Sample Factory's upload of the experiment to the Hugging Face hub: refused (msf has no hub upload)",
-    )
-    for name in ("hf_repository", "train_script", "enjoy_script"):
-        g.add_argument(f"--{name}", default=None, help=f"Accepted from Sample Factory and ignored: {IGNORED[name]}")
+    add_flags(parser, EvalArgs)
     return parser
 
 
@@ -209,20 +120,18 @@ def evaluate(cfg: Config, ev: EvalArgs) -> dict:
 
     Raises:
         ConfigError: the policy index is out of range, the experiment has no (readable) checkpoint of the
-            kind asked for, a Sample Factory checkpoint cannot be converted, or the env cannot render the video
+            kind asked for, it cannot be converted or does not fit the model, or the env cannot render the video
             asked for.
-        RuntimeError: the checkpoint does not fit the model (torch's message).
     """
     from msf.envs.families import video_fps
     from msf.envs.registry import spaces_of
     from msf.model.actor_critic import ActorCritic
-    from msf.persistence.sf2_checkpoint import Sf2Refused, as_msf_checkpoint
 
     exp_dir = os.path.join(cfg.train_dir, cfg.experiment)
     from msf.envs.families import eval_frameskip
 
     skip, repeat = eval_frameskip(cfg)
-    state = _load_checkpoint(cfg, ev, exp_dir)
+    state = read_checkpoint(cfg, exp_dir, ev.policy_index, ev.load_checkpoint_kind)
     render = _render_mode(ev, cfg.env)
     seed = cfg.seed if cfg.seed is not None else 0
     env = _make_eval_env(cfg, seed, render, frameskip=skip)
@@ -230,11 +139,7 @@ def evaluate(cfg: Config, ev: EvalArgs) -> dict:
     t0 = time.monotonic()
     try:
         model = ActorCritic(cfg, spaces_of(env))
-        try:  # a Sample Factory 2.1.1 checkpoint is converted for this model
-            state = as_msf_checkpoint(state, model)
-        except Sf2Refused as e:
-            raise ConfigError(str(e)) from None
-        model.load_state_dict(state["model"])
+        state = load_model(model, state)
         model.eval()
         fps = ev.fps or video_fps(cfg.env, env, skip)  # one frame per env step, played in real time
         print(
@@ -272,37 +177,58 @@ def evaluate(cfg: Config, ev: EvalArgs) -> dict:
     }
 
 
-def _load_checkpoint(
-    cfg: Config, ev: EvalArgs, exp_dir: str, prog: str = "msf-enjoy", kind_flag: str = "load_checkpoint_kind"
+def read_checkpoint(
+    cfg: Config,
+    exp_dir: str,
+    policy_index: int = 0,
+    kind: str = "latest",
+    prog: str = "msf-enjoy",
+    flag: str = "load_checkpoint_kind",
 ) -> dict:
-    """The checkpoint of ``--policy_index`` of ``--load_checkpoint_kind``. ``prog`` and ``kind_flag``: the command
-    (in the warnings) and the flag (in the error) to name, for the commands that reuse this (``msf-export``).
+    """The newest readable checkpoint of ``kind`` of policy ``policy_index`` (a broken newer file is named in a
+    warning and left where it is: only msf-train sets one aside, when it resumes). ``prog`` and ``flag``: the
+    command (in the warnings) and the flag (in the error) to name; for the commands that reuse this
+    (``msf-export``).
 
     Raises:
         ConfigError: the index is out of range, or there is no readable checkpoint of that kind.
     """
-    from msf.persistence.checkpoint import scan_checkpoints
-
-    if not 0 <= ev.policy_index < cfg.num_policies:
+    if not 0 <= policy_index < cfg.num_policies:
         raise ConfigError(
             f"--policy_index: must be in [0, {cfg.num_policies}) for {cfg.experiment!r} "
-            f"(trained with --num_policies={cfg.num_policies}), got {ev.policy_index}"
+            f"(trained with --num_policies={cfg.num_policies}), got {policy_index}"
         )
-    # An evaluation reads: a broken file stays where it is (only msf-train sets one aside, when it resumes).
-    scan = scan_checkpoints(exp_dir, policy=ev.policy_index, kind=ev.load_checkpoint_kind)
-    unreadable = "".join(f"; {path} is unreadable ({reason})" for path, reason in scan.unreadable)
-    if scan.state is None:
-        raise ConfigError(
-            f"--{kind_flag}: no readable {ev.load_checkpoint_kind} checkpoint in "
-            f"{os.path.join(exp_dir, f'checkpoint_p{ev.policy_index}')}{unreadable}"
-        )
-    for path, reason in scan.unreadable:
+
+    def warn(path: str, reason: str, used: str) -> None:
         print(
-            f"{prog}: warning: checkpoint {path} is unreadable ({reason}); using the previous one, "
-            f"{scan.state['path']} (the file is left as it is)",
+            f"{prog}: warning: checkpoint {path} is unreadable ({reason}); using the previous one, {used} (the file is "
+            "left as it is)",
             file=sys.stderr,
         )
-    return scan.state
+
+    with _refusals(flag):
+        return load_latest_checkpoint(exp_dir, policy_index, kind=kind, required=True, on_unreadable=warn)
+
+
+def load_model(model: torch.nn.Module, state: dict, flag: str = "experiment") -> dict:
+    """Load the checkpoint ``state`` into ``model`` (a Sample Factory 2.1.1 one converted first); return msf's.
+
+    Raises:
+        ConfigError: it cannot be converted, or does not fit the model.
+    """
+    with _refusals(flag):
+        state = as_msf_checkpoint(state, model)
+        load_into(state, lambda s: model.load_state_dict(s["model"]))
+    return state
+
+
+@contextlib.contextmanager
+def _refusals(flag: str):
+    """A :class:`CheckpointError` as a ``ConfigError`` naming ``--flag`` (unless it names a flag itself)."""
+    try:
+        yield
+    except CheckpointError as e:
+        raise ConfigError(str(e) if str(e).startswith("--") else f"--{flag}: {e}") from None
 
 
 def _render_mode(ev: EvalArgs, env_name: str) -> str | None:
@@ -468,7 +394,7 @@ def main(argv: list[str] | None = None, parsed: tuple[dict, set[str]] | None = N
     else:
         ns, given = dict(parsed[0]), set(parsed[1])
     ev = EvalArgs(**{f.name: ns.pop(f.name) for f in dataclasses.fields(EvalArgs)})
-    if ns.pop("push_to_hub"):
+    if ev.push_to_hub:
         print(
             "msf-enjoy: error: --push_to_hub: msf does not upload to the Hugging Face hub (these machines cannot reach "
             "it, and no upload is tested); copy the experiment folder and use huggingface-cli upload",
@@ -476,7 +402,7 @@ def main(argv: list[str] | None = None, parsed: tuple[dict, set[str]] | None = N
         )
         return 2
     for name in ("hf_repository", "train_script", "enjoy_script"):
-        if ns.pop(name) is not None:
+        if getattr(ev, name) is not None:
             print(f"msf-enjoy: note: --{name} is accepted from Sample Factory and ignored: {IGNORED[name]}")
     cfg = Config(**ns)
     try:

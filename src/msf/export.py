@@ -247,6 +247,19 @@ def description_path(path: str) -> str:
     return path + ".json"
 
 
+def _actions_and_core(model: nn.Module) -> dict:
+    """The description's ``actions`` (type, count, ``nvec``) and ``rnn`` (None without a core) of ``model``."""
+    nvec = model.spaces.action_nvec
+    kind = "continuous" if model.continuous else "discrete" if nvec is None else "multi_discrete"
+    actions = {"type": kind, "num_actions": model.spaces.num_actions, "nvec": list(nvec) if nvec is not None else None}
+    if model.core is None:
+        return {"actions": actions, "rnn": None}
+    rnn = {"type": model.rnn_type, "num_layers": model.rnn_layers, "size": model.rnn_size}
+    # cores 2: the actor's state, then the critic's
+    rnn.update(cores=1 if model.critic_core is None else 2, state_size=model.rnn_state_size)
+    return {"actions": actions, "rnn": rnn}
+
+
 def export_policy(model: nn.Module, fmt: str, path: str, source: dict | None = None) -> dict:
     """Trace ``model`` (an :class:`~msf.model.ActorCritic`) into ``path`` as ``fmt`` (``onnx`` or
     ``torchscript``), check the file against the model on :data:`CHECK_ROWS` sample inputs, and write its
@@ -268,27 +281,12 @@ def export_policy(model: nn.Module, fmt: str, path: str, source: dict | None = N
     """
     require_format(fmt)
     inputs, outputs = policy_io(model)
-    spaces = model.spaces
-    kind = "continuous" if model.continuous else "discrete" if spaces.action_nvec is None else "multi_discrete"
     desc = {
         "format": fmt,
         "file": os.path.abspath(path),
         "inputs": inputs,
         "outputs": outputs,
-        "actions": {
-            "type": kind,
-            "num_actions": spaces.num_actions,
-            "nvec": list(spaces.action_nvec) if spaces.action_nvec is not None else None,
-        },
-        "rnn": None
-        if model.core is None
-        else {
-            "type": model.rnn_type,
-            "num_layers": model.rnn_layers,
-            "size": model.rnn_size,
-            "cores": 1 if model.critic_core is None else 2,  # 2: the actor's state, then the critic's
-            "state_size": model.rnn_state_size,
-        },
+        **_actions_and_core(model),
         **({"opset": ONNX_OPSET} if fmt == "onnx" else {}),
         **(source or {}),
     }
@@ -378,7 +376,7 @@ def load_policy(train_dir: str, experiment: str, policy_index: int = 0) -> tuple
             policy (naming the policies with one), the index out of range, the env cannot be made, or the
             checkpoint does not fit the model.
     """
-    from msf.enjoy import EvalArgs, _load_checkpoint, _load_config
+    from msf.enjoy import _load_config, load_model, read_checkpoint
     from msf.envs.registry import env_config_of, env_spaces
     from msf.model.actor_critic import ActorCritic
     from msf.persistence.checkpoint import checkpoint_dir, list_checkpoints
@@ -404,25 +402,9 @@ def load_policy(train_dir: str, experiment: str, policy_index: int = 0) -> tuple
             f"--experiment: {experiment!r} has no checkpoint yet (no checkpoint_*.pth in "
             f"{checkpoint_dir(exp_dir, policy_index)}): msf-train writes them while it trains"
         )
-    state = _load_checkpoint(
-        cfg, EvalArgs(policy_index=policy_index), exp_dir, prog="msf-export", kind_flag="experiment"
-    )
-    from msf.persistence.sf2_checkpoint import Sf2Refused, as_msf_checkpoint
-
-    spaces = env_spaces(cfg.env, env_config_of(cfg))
-    model = ActorCritic(cfg, spaces)
-    try:
-        state = as_msf_checkpoint(state, model)  # a Sample Factory 2.1.1 checkpoint, converted (others as they are)
-    except Sf2Refused as e:
-        raise ConfigError(str(e)) from None
-    try:
-        model.load_state_dict(state["model"])
-    except RuntimeError as e:
-        lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
-        first = " ".join(lines[:2])  # torch's first line only announces the list of mismatches
-        raise ConfigError(
-            f"--experiment: the checkpoint {state['path']} does not fit the model of its config.json ({first})"
-        ) from None
+    state = read_checkpoint(cfg, exp_dir, policy_index, prog="msf-export", flag="experiment")
+    model = ActorCritic(cfg, env_spaces(cfg.env, env_config_of(cfg)))
+    state = load_model(model, state)  # a Sample Factory 2.1.1 checkpoint, converted (others as they are)
     return model.eval(), cfg, state
 
 

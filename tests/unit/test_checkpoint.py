@@ -257,3 +257,23 @@ def test_a_rerun_keeps_the_earlier_attempts_best_as_the_value_to_beat(tmp_path, 
     ckpt.close()
     assert best_on_disk(str(tmp_path), "reward") == 13.0
     assert state.policies[0].best_metric == 13.0
+
+
+def test_every_refusal_is_one_error_type_of_one_line(tmp_path):
+    """No file, none readable, non-finite values, a model that does not fit: each a CheckpointError, one line."""
+    from msf.persistence.checkpoint import CheckpointError, CheckpointRefused, NoReadableCheckpoint, load_into
+    from msf.persistence.sf2_checkpoint import Sf2Refused
+
+    assert all(issubclass(e, CheckpointError) for e in (CheckpointRefused, NoReadableCheckpoint, Sf2Refused))
+    assert load_latest_checkpoint(str(tmp_path)) is None  # a fresh run: nothing to load
+    with pytest.raises(CheckpointError, match=r"^no readable best checkpoint in \S+checkpoint_p0$"):
+        load_latest_checkpoint(str(tmp_path), kind="best", required=True)
+    good = save_checkpoint({**_state(1, 0.0), "model": {"w": torch.zeros(2)}}, str(tmp_path), keep=5)
+    nan = save_checkpoint({**_state(2, 0.0), "model": {"w": torch.tensor([0.0, float("nan")])}}, str(tmp_path), keep=5)
+    seen = []
+    state = load_latest_checkpoint(str(tmp_path), on_unreadable=lambda *bad: seen.append(bad))
+    assert state["path"] == good and seen == [(nan, f"CheckpointError: {nan} holds non-finite values (in w)", good)]
+    model = torch.nn.Linear(3, 1)
+    with pytest.raises(CheckpointError) as e:
+        load_into(state, lambda s: model.load_state_dict(s["model"]))
+    assert str(e.value).startswith(f"the checkpoint {good} does not fit the model (") and "\n" not in str(e.value)

@@ -17,10 +17,11 @@ import torch
 
 from msf.cfg.arguments import EVALUATION_FLAGS
 from msf.cfg.config import Config
-from msf.enjoy import EvalArgs, _load_checkpoint, _load_config
+from msf.enjoy import _load_config, read_checkpoint
 from msf.envs.registry import EnvSpaces
 from msf.model.actor_critic import ActorCritic
-from msf.persistence.sf2_checkpoint import SparingCheckpointWriter, as_msf_checkpoint, msf_config_dict, sf2_files
+from msf.persistence.checkpoint import BackgroundCheckpointWriter
+from msf.persistence.sf2_checkpoint import as_msf_checkpoint, msf_config_dict, sf2_files
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "sf2"
 MODELS = [
@@ -48,7 +49,7 @@ def _spaces(name: str, obs: np.ndarray, logits: np.ndarray) -> EnvSpaces:
 def _load(train_dir: Path, name: str, spaces: EnvSpaces) -> tuple[Config, ActorCritic, dict]:
     """msf-enjoy's path: its config loading, its checkpoint loading, the model, the conversion."""
     cfg = _load_config(Config(train_dir=str(train_dir), experiment=name), {"train_dir", "experiment"})
-    state = _load_checkpoint(cfg, EvalArgs(), str(train_dir / name))
+    state = read_checkpoint(cfg, str(train_dir / name))
     model = ActorCritic(cfg, spaces)
     state = as_msf_checkpoint(state, model)
     model.load_state_dict(state["model"])
@@ -182,7 +183,7 @@ def test_adams_moments_are_carried_over_parameter_by_parameter(name, pairs):
     """Sample Factory's separate-weights model orders its parameters unlike msf's: each moment lands on its own."""
     ref = np.load(DATA / name / "reference.npz")
     cfg, model, _ = _load(DATA, name, _spaces(name, ref["obs"], ref["action_logits"]))
-    sf = _load_checkpoint(cfg, EvalArgs(), str(DATA / name))
+    sf = read_checkpoint(cfg, str(DATA / name))
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.learning_rate)
     optimizer.load_state_dict(as_msf_checkpoint(sf, model, optimizer, resume=True, announce=False)["optimizer"])
     sf_params = [k for k in sf["model"] if not k.startswith(("obs_normalizer.", "returns_normalizer."))]
@@ -273,7 +274,7 @@ def test_msfs_rotation_spares_sample_factorys_checkpoints(tmp_path):
     spared = sf2_files(str(folder))
     assert {Path(p).name for p in spared} == {"checkpoint_000000010_1280.pth", "best_000000010_1280_reward_123.000.pth"}
     before = _files(folder)
-    writer = SparingCheckpointWriter(str(folder), keep=1, policy=0, spared=spared)
+    writer = BackgroundCheckpointWriter(str(folder), keep=1, policy=0, spared=spared)
     for step in (10, 11, 12):  # step 10 has the name of Sample Factory's file: not written
         writer.submit({"train_step": step, "env_steps": 1280 if step == 10 else step * 100, "w": torch.ones(2)})
     writer.submit({"train_step": 12, "env_steps": 1200, "w": torch.ones(2)}, best=150.0)
@@ -287,14 +288,11 @@ def test_msfs_rotation_spares_sample_factorys_checkpoints(tmp_path):
 
 
 def test_an_msf_experiment_is_left_to_msfs_own_paths(tmp_path):
-    from msf.persistence.checkpoint import BackgroundCheckpointWriter
-    from msf.persistence.sf2_checkpoint import checkpoint_writer, config_file, config_file_to_write
+    from msf.persistence.sf2_checkpoint import config_file, config_file_to_write
 
     (tmp_path / "config.json").write_text(json.dumps(Config().to_dict()))
     assert config_file(str(tmp_path)) == config_file_to_write(str(tmp_path)) == str(tmp_path / "config.json")
-    writer = checkpoint_writer(str(tmp_path), keep=2)
-    assert type(writer) is BackgroundCheckpointWriter
-    writer.close()
+    assert sf2_files(str(tmp_path)) == frozenset()  # the writer spares nothing
     state = {"train_step": 1, "env_steps": 2, "policy_version": 1, "msf_version": "0", "model": {}, "path": "x"}
     assert as_msf_checkpoint(state, torch.nn.Linear(1, 1)) is state and as_msf_checkpoint(None, None) is None
 

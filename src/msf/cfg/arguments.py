@@ -8,7 +8,7 @@ import re
 import typing
 
 from msf.cfg.config import Config
-from msf.cfg.flags import FIXED, LAUNCH, PER_NODE
+from msf.cfg.flags import FIXED, LAUNCH, PER_NODE, EvaluationFlags
 
 # What --help adds to the help of a flag of each scope (msf.cfg.flags)
 SCOPE_NOTES = {
@@ -92,70 +92,58 @@ def build_parser(
         # flag is added, and a near miss (--num_worker=2) is named in the error instead
         allow_abbrev=False,
     )
+    add_flags(parser, Config, scope_notes)
+    if prog == "msf-train":  # msf-enjoy's flags, parsed (a value of the wrong type is still an error) and dropped
+        title = (
+            "evaluation flags (msf-enjoy's; accepted and ignored by msf-train, as Sample Factory's scripts share them)"
+        )
+        add_flags(
+            parser, EvaluationFlags, group=title, default=argparse.SUPPRESS, help="see msf-enjoy --help", choices=None
+        )
+    return parser
+
+
+def add_flags(
+    parser: argparse.ArgumentParser,
+    flags: type,
+    scope_notes: dict[str, str] = SCOPE_NOTES,
+    group: str | None = None,
+    **override: typing.Any,
+) -> None:
+    """One option per field of ``flags`` (a dataclass of :mod:`msf.cfg.flags`), in the ``--help`` group of its
+    metadata (or ``group``), its type from its annotation (a ``bool`` also a switch, as in Sample Factory); the help
+    notes those of its scopes that ``scope_notes`` has. ``override``: ``add_argument`` keywords for every flag."""
     groups: dict[str, argparse._ArgumentGroup] = {}
-    hints, defaults = typing.get_type_hints(Config), Config()
-    for f in dataclasses.fields(Config):
+    hints = typing.get_type_hints(flags)
+    for f in dataclasses.fields(flags):
         meta = f.metadata
         if meta.get("cli") is False:  # not a command-line flag (Config.env_args)
             continue
-        group = groups.setdefault(meta["group"], parser.add_argument_group(meta["group"]))
-        default = getattr(defaults, f.name)
+        title = group or meta["group"]
+        if title not in groups:
+            groups[title] = parser.add_argument_group(title)
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         hint = hints[f.name]
         notes = [note for scope, note in scope_notes.items() if scope in meta["scope"]]
         kwargs: dict = {"default": default, "help": meta["help"] + (f" [{'; '.join(notes)}]" if notes else "")}
         if meta.get("choices"):
             kwargs["choices"] = meta["choices"]
-        if hint is bool:  # --flag=True, --flag False, or --flag alone for True (a switch, as in Sample Factory)
+        if hint is bool:
             kwargs.update(type=str2bool, metavar="True|False", nargs="?", const=True)
-        elif hint is int:
-            kwargs["type"] = integer
-        elif hint == (int | None):
+        elif hint is int or hint == (int | None):
             kwargs["type"] = integer
         elif hint is float or hint == (float | None):
             kwargs["type"] = float
         elif hint is list:
             kwargs.update(type=meta["item_type"], nargs="*")
-        elif hint == (str | None):
-            kwargs["type"] = str
         else:
             kwargs["type"] = str
-        group.add_argument(f"--{f.name}", **kwargs)
-    if prog == "msf-train":
-        add_evaluation_flags_ignored(parser)
-    return parser
+        groups[title].add_argument(f"--{f.name}", **{**kwargs, **override})
 
 
-# msf-enjoy's flags (Sample Factory's evaluation flags), which msf-train accepts and ignores: Sample Factory's
-# parser has them in every script, so command lines and launch scripts pass them to training too
-EVALUATION_FLAGS = {
-    "load_checkpoint_kind": str,
-    "policy_index": integer,
-    "max_num_episodes": integer,
-    "max_num_frames": integer,
-    "eval_deterministic": str2bool,
-    "save_video": str2bool,
-    "video_frames": integer,
-    "video_name": str,
-    "no_render": str2bool,
-    "fps": integer,
-    "push_to_hub": str2bool,
-    "train_script": str,
-    "enjoy_script": str,
-    "hf_repository": str,
-}
-
-
-def add_evaluation_flags_ignored(parser: argparse.ArgumentParser) -> None:
-    """The msf-enjoy flags of :data:`EVALUATION_FLAGS` in a group of their own, parsed (a value of the wrong type
-    is still an error) and left out of the config (:func:`parse_args` drops them and says so)."""
-    g = parser.add_argument_group(
-        "evaluation flags (msf-enjoy's; accepted and ignored by msf-train, as Sample Factory's scripts share them)"
-    )
-    for name, kind in EVALUATION_FLAGS.items():
-        kwargs: dict = {"type": kind, "default": argparse.SUPPRESS, "help": "see msf-enjoy --help"}
-        if kind is str2bool:
-            kwargs.update(nargs="?", const=True, metavar="True|False")
-        g.add_argument(f"--{name}", **kwargs)
+EVALUATION_FLAGS = frozenset(f.name for f in dataclasses.fields(EvaluationFlags))
+"""msf-enjoy's flags (Sample Factory's evaluation flags), which msf-train accepts and ignores: Sample Factory's
+parser has them in every script, so command lines and launch scripts pass them to training too."""
 
 
 def parse_args(argv: list[str] | None = None, description: str | None = None) -> tuple[Config, set[str]]:

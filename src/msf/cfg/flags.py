@@ -34,6 +34,7 @@ PERSISTENCE = "checkpoints and summaries"
 DISTRIBUTED = "distributed (data-parallel learners)"
 POLICIES = "several policies and population-based training"
 COMPAT = "accepted from Sample Factory 2, no effect in msf"
+EVALUATION = "evaluation (msf-enjoy)"
 
 
 @dataclass(frozen=True)
@@ -627,6 +628,46 @@ IGNORED = {
 }
 """Why each accepted Sample Factory flag has no effect in msf (also the msf-enjoy flags that msf-train accepts, and
 the Hugging Face ones), by flag name."""
+
+
+@section(EVALUATION)
+class EvaluationFlags:
+    """The flags of ``msf-enjoy`` beyond the training config (Sample Factory's names). ``msf-train`` accepts and
+    ignores them (Sample Factory's scripts share them); they are never part of a saved config."""
+
+    load_checkpoint_kind: str = flag(
+        "latest",
+        "latest: the newest periodic checkpoint; best: the one with the best --save_best_metric",
+        ("latest", "best"),
+    )
+    policy_index: int = flag(
+        0, "Which policy of a --num_policies run to play (its checkpoint_p{i}/), in [0, num_policies)"
+    )
+    max_num_episodes: int = flag(10, "Episodes to play")
+    max_num_frames: int = flag(
+        10**9, "Stop after this many env frames (env steps x env_frameskip), even within an episode"
+    )
+    eval_deterministic: bool = flag(False, "Take the most likely action (the mean of a Gaussian) instead of sampling")
+    save_video: bool = flag(False, "Write the episodes to an mp4 (rendered off-screen, no display needed)")
+    video_frames: int = flag(
+        10**9, "Frames written to the video at most; -1: the first episode (Sample Factory's meaning)"
+    )
+    video_name: str | None = flag(
+        None, "File name of the video in the experiment folder (default replay.mp4), or a path"
+    )
+    no_render: bool = flag(False, "Do not show the episodes in a window (without a display nothing is shown anyway)")
+    fps: int = flag(
+        0,
+        "Frames per second of the video and of the window (0: real time, one frame per env step: the env's "
+        "render_fps, or 30 without one; atari_* 15 and doom_* 8.75, their 60 and 35 frames/s over 4 frames per step)",
+    )
+    push_to_hub: bool = flag(
+        False,
+        "Sample Factory's upload of the experiment to the Hugging Face hub: refused (msf has no hub upload)",
+    )
+    hf_repository: str | None = flag(None, f"Accepted from Sample Factory and ignored: {IGNORED['hf_repository']}")
+    train_script: str | None = flag(None, f"Accepted from Sample Factory and ignored: {IGNORED['train_script']}")
+    enjoy_script: str | None = flag(None, f"Accepted from Sample Factory and ignored: {IGNORED['enjoy_script']}")
 
 
 @section(COMPAT)

@@ -189,20 +189,7 @@ class Learner:
         valid = mb["valids"].reshape(-1)
         vb = valid.bool()
         kl = approx_kl(log_probs.detach()[vb], old_log_probs[vb]) if bool(vb.any()) else torch.zeros(())
-        # One blocking collective per minibatch (it was three): the global minibatch's count, sum and sum of
-        # squares of the valid samples' advantages, and the sum of their KL terms, reduced together. The count is
-        # also the normaliser of the sample weights, and the KL sum, divided by it, the global mean KL the
-        # lr schedule reads (the same value the replicas used to reduce after the SGD step).
-        adv = adv.reshape(-1)
-        kl_sum = (kl.double() * vb.sum().double()).reshape(1).to(adv.device)
-        packed = self.collectives.all_reduce_sum_(torch.cat([moment_sums(adv[vb]), kl_sum]))
-        n, mean, var = moments_of_sums(packed[:3], torch.Size())
-        # Each valid sample weighs world_size / (valid samples of all replicas): DDP's average of the
-        # replicas' gradients is then the gradient of the mean loss over the global minibatch, whatever
-        # each replica's share of valid samples (none: zero-weighted gradients, the same SGD step).
-        weights = valid * (self.world_size / n.clamp(min=1.0)).to(valid.dtype)
-        # advantages normalised with the mean and standard deviation of the global minibatch's valid samples
-        adv = (adv - mean.to(adv.dtype)) / (torch.sqrt(var * n / (n - 1).clamp(min=1)).to(adv.dtype) + 1e-8)
+        adv, weights, global_kl = global_minibatch(adv.reshape(-1), valid, kl, self.collectives)
         targets = model.normalize_values(targets.reshape(-1))
         policy_loss = ppo_policy_loss(log_probs, old_log_probs, adv, cfg.ppo_clip_ratio, weights)
         value_loss = clipped_value_loss(values, mb["old_values"].reshape(-1), targets, cfg.ppo_clip_value, weights)
@@ -216,7 +203,7 @@ class Learner:
         loss = policy_loss + cfg.value_loss_coeff * value_loss + exploration
         if cfg.kl_loss_coeff > 0:
             behaviour = mb["action_params"].reshape(b * T, -1)
-            kl_loss = fixed_kl_loss(self._kl_to_behaviour(action_params, behaviour), cfg.kl_loss_coeff, weights)
+            kl_loss = fixed_kl_loss(kl_to_behaviour(model, action_params, behaviour), cfg.kl_loss_coeff, weights)
             loss = loss + kl_loss
         else:
             kl_loss = torch.zeros((), device=loss.device)
@@ -224,23 +211,11 @@ class Learner:
             "policy_loss": policy_loss.detach(),
             "value_loss": value_loss.detach(),
             "entropy": entropy.detach(),
-            "kl": packed[3] / n.clamp(min=1.0),  # over the valid samples of all replicas (none adds nothing)
+            "kl": global_kl,
             "kl_loss": kl_loss.detach(),
             "loss": loss.detach(),
         }
         return loss, stats
-
-    def _kl_to_behaviour(self, action_params: torch.Tensor, behaviour: torch.Tensor) -> torch.Tensor:
-        """``[N]`` ``KL(pi || pi_behaviour)`` per sample, the direction of Sample Factory's fixed KL loss, between the
-        distributions of the model's ``[N, P]`` action parameters and the behaviour policy's, recorded by the
-        inference workers (``action_params``: logits, or Gaussian means and log standard deviations, whose
-        standard deviations both go through :meth:`ActorCritic.gaussian`'s clamp, as the policy's do)."""
-        model = self.model
-        if model.spaces.discrete:
-            return categorical_kl(action_params, behaviour, model.nvec)
-        means, std = model.gaussian(action_params)
-        old_means, old_std = model.gaussian(behaviour)
-        return gaussian_kl(means, std.log(), old_means, old_std.log())
 
     def train(self, batch: Batch, on_sgd_step: Callable[[nn.Module, int], None] | None = None) -> dict[str, float]:
         """One training iteration: ``num_epochs`` passes of ``num_batches_per_epoch`` minibatches.
@@ -281,7 +256,7 @@ class Learner:
                 stats["grad_norm"] = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
                 self.optimizer.step()
                 self.train_step += 1
-                kl = float(stats["kl"])  # the global minibatch's (see _minibatch_loss)
+                kl = float(stats["kl"])  # the global minibatch's (see global_minibatch)
                 epoch_kl += kl
                 if cfg.lr_schedule == "kl_adaptive_minibatch":
                     self._set_lr(self.lr_schedule.update(kl))
@@ -335,25 +310,6 @@ class Learner:
             "hyperparameters": self.hyperparameters(),
         }
 
-    def _optimizer_state_for_model(self, saved: dict, saved_model: dict) -> dict:
-        """``saved`` (an optimiser state dict) as it fits this model's parameters: itself, or where the checkpoint
-        predates some of them (the critic's own decoder, which the actor-critic fills from the shared one), its
-        moments moved to their parameters' new positions, the new parameters' moments fresh."""
-        names = [n for n, _ in self.model.named_parameters()]
-        had = [n for n in names if n in saved_model]
-        groups = saved.get("param_groups", [])
-        if had == names or len(groups) != 1 or list(groups[0]["params"]) != list(range(len(had))):
-            return saved
-        log.warning(
-            "the checkpoint predates %s: their optimiser moments start afresh",
-            ", ".join(sorted({n.rsplit(".", 2)[0] for n in names if n not in saved_model})),
-        )
-        position = {n: i for i, n in enumerate(names)}
-        return {
-            "state": {position[had[i]]: v for i, v in saved["state"].items()},
-            "param_groups": [{**groups[0], "params": list(range(len(names)))}],
-        }
-
     def load_state_dict(self, state: dict) -> None:
         """Resume from a checkpoint's state (see :meth:`state_dict`). The optimiser's state is taken only when the
         checkpoint's optimiser is this run's ``--optimizer`` (one without ``optimizer_name`` was Adam's); after a
@@ -365,7 +321,8 @@ class Learner:
         self.model.load_state_dict(state["model"])
         saved = state.get("optimizer_name", "adam")
         if saved == self.cfg.optimizer:
-            self.optimizer.load_state_dict(self._optimizer_state_for_model(state["optimizer"], state["model"]))
+            names = [n for n, _ in self.model.named_parameters()]
+            self.optimizer.load_state_dict(optimizer_state_for(names, state["optimizer"], state["model"]))
         else:
             log.warning(
                 "the checkpoint's optimiser is %s, this run's --optimizer is %s: its state starts afresh",
@@ -380,3 +337,61 @@ class Learner:
         self._set_lr(float(state["lr"]))
         if self.lr_schedule is not None:
             self.lr_schedule.lr = self.lr
+
+
+def global_minibatch(
+    adv: torch.Tensor, valid: torch.Tensor, kl: torch.Tensor, collectives: Collectives
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The statistics of a minibatch that span all replicas, in one blocking collective: the count, sum and sum of
+    squares of the valid samples' advantages and the sum of their KL terms, reduced together.
+
+    Args:
+        adv: ``[N]`` this replica's advantages. valid: ``[N]`` 1 for a valid sample, else 0. kl: this replica's
+            mean KL over its valid samples (a scalar).
+
+    Returns:
+        ``(advantages, weights, kl)``: ``[N]`` advantages normalised by the global valid samples' mean and standard
+        deviation; ``[N]`` sample weights, ``world_size / (valid samples of all replicas)`` for a valid one, so
+        that DDP's average of the replicas' gradients is the gradient of the global mean loss whatever each
+        replica's share (none: zero-weighted gradients, the same SGD step); the global mean KL, which the lr
+        schedule reads.
+    """
+    vb = valid.bool()
+    kl_sum = (kl.double() * vb.sum().double()).reshape(1).to(adv.device)
+    packed = collectives.all_reduce_sum_(torch.cat([moment_sums(adv[vb]), kl_sum]))
+    n, mean, var = moments_of_sums(packed[:3], torch.Size())
+    weights = valid * (collectives.world_size / n.clamp(min=1.0)).to(valid.dtype)
+    adv = (adv - mean.to(adv.dtype)) / (torch.sqrt(var * n / (n - 1).clamp(min=1)).to(adv.dtype) + 1e-8)
+    return adv, weights, packed[3] / n.clamp(min=1.0)
+
+
+def kl_to_behaviour(model: ActorCritic, action_params: torch.Tensor, behaviour: torch.Tensor) -> torch.Tensor:
+    """``[N]`` ``KL(pi || pi_behaviour)`` per sample, the direction of Sample Factory's fixed KL loss, between the
+    distributions of the model's ``[N, P]`` action parameters and the behaviour policy's, recorded by the
+    inference workers (``action_params``: logits, or Gaussian means and log standard deviations, whose
+    standard deviations both go through :meth:`ActorCritic.gaussian`'s clamp, as the policy's do)."""
+    if model.spaces.discrete:
+        return categorical_kl(action_params, behaviour, model.nvec)
+    means, std = model.gaussian(action_params)
+    old_means, old_std = model.gaussian(behaviour)
+    return gaussian_kl(means, std.log(), old_means, old_std.log())
+
+
+def optimizer_state_for(names: list[str], saved: dict, saved_model: dict) -> dict:
+    """``saved`` (an optimiser state dict) as it fits a model whose parameters are ``names``, in order: itself, or
+    where the checkpoint ``saved_model`` lacks some of them (the critic's own decoder, which the actor-critic fills
+    from the shared one), its moments moved to their parameters' new positions, the new parameters' moments
+    fresh."""
+    had = [n for n in names if n in saved_model]
+    groups = saved.get("param_groups", [])
+    if had == names or len(groups) != 1 or list(groups[0]["params"]) != list(range(len(had))):
+        return saved
+    log.warning(
+        "the checkpoint predates %s: their optimiser moments start afresh",
+        ", ".join(sorted({n.rsplit(".", 2)[0] for n in names if n not in saved_model})),
+    )
+    position = {n: i for i, n in enumerate(names)}
+    return {
+        "state": {position[had[i]]: v for i, v in saved["state"].items()},
+        "param_groups": [{**groups[0], "params": list(range(len(names)))}],
+    }

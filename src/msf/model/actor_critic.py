@@ -182,49 +182,6 @@ class ActorCritic(nn.Module):
             return MultiCategorical(action_params, self.nvec).mode
         return action_params.argmax(-1)
 
-    def _run_core(
-        self, core: nn.Module, x: torch.Tensor, states: torch.Tensor, dones: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Run one core (the actor's or the critic's) over ``B`` sequences of ``R`` steps.
-
-        Args:
-            core: the ``nn.GRU`` or ``nn.LSTM``.
-            x: ``[B * R, F]`` encoder features, sequence-major (each sequence's R steps consecutive).
-            states: ``[B, core_state_size]`` the state before each sequence's first step.
-            dones: ``[B, R]`` episode ends: after a step with done 1 the state is reset to zeros
-                before the next step. None: no resets (one step per sequence, as in inference).
-
-        Returns:
-            ``([B * R, rnn_size], [B, core_state_size])``: outputs and the states after the last step.
-        """
-        B = states.shape[0]
-        R = x.shape[0] // B
-        L, H = self.rnn_layers, self.rnn_size
-        seq = x.view(B, R, -1).transpose(0, 1)  # [R, B, F]
-
-        def unpack(flat: torch.Tensor):
-            s = flat.view(B, -1, L, H).permute(1, 2, 0, 3).contiguous()  # [1 or 2, L, B, H]
-            return (s[0], s[1]) if self.rnn_type == "lstm" else s[0]
-
-        def pack(hx) -> torch.Tensor:
-            s = torch.stack(hx) if self.rnn_type == "lstm" else hx[None]
-            return s.permute(2, 0, 1, 3).reshape(B, -1)
-
-        hx = unpack(states)
-        if dones is None or R == 1 or not bool(dones[:, :-1].any()):
-            out, hx = core(seq, hx)
-        else:
-            outs = []
-            keep = 1.0 - dones.to(x.dtype)  # [B, R]
-            for t in range(R):
-                if t:
-                    m = keep[:, t - 1].view(1, B, 1)
-                    hx = (hx[0] * m, hx[1] * m) if self.rnn_type == "lstm" else hx * m
-                o, hx = core(seq[t : t + 1], hx)
-                outs.append(o)
-            out = torch.cat(outs)
-        return out.transpose(0, 1).reshape(B * R, H), pack(hx)
-
     def forward_with_states(
         self, obs: torch.Tensor, rnn_states: torch.Tensor | None = None, dones: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -238,11 +195,11 @@ class ActorCritic(nn.Module):
             if rnn_states is None:
                 rnn_states = torch.zeros(obs.shape[0], self.rnn_state_size, device=obs.device)
             if self.critic_core is None:
-                h, new_states = self._run_core(self.core, h, rnn_states, dones)
+                h, new_states = run_core(self.core, h, rnn_states, dones)
             else:  # the actor's state, then the critic's (Sample Factory's order)
                 S = self.core_state_size
-                h, actor_states = self._run_core(self.core, h, rnn_states[:, :S], dones)
-                hc, critic_states = self._run_core(self.critic_core, hc, rnn_states[:, S:], dones)
+                h, actor_states = run_core(self.core, h, rnn_states[:, :S], dones)
+                hc, critic_states = run_core(self.critic_core, hc, rnn_states[:, S:], dones)
                 new_states = torch.cat([actor_states, critic_states], dim=1)
         if self.decoder is not None:
             h = self.decoder(h)
@@ -274,7 +231,7 @@ class ActorCritic(nn.Module):
 
         With a recurrent core, ``obs`` is ``B`` sequences of ``R = N / B`` steps, sequence-major;
         ``rnn_states`` ``[B, rnn_state_size]`` their initial states (zeros when None) and ``dones``
-        ``[B, R]`` their episode ends (see :meth:`_run_core`). Plain tensors, so that
+        ``[B, R]`` their episode ends (see :func:`run_core`). Plain tensors, so that
         DistributedDataParallel can wrap the model; :meth:`evaluate` builds the distribution.
         """
         params, values, _ = self.forward_with_states(obs, rnn_states, dones)
@@ -358,6 +315,43 @@ class ActorCritic(nn.Module):
         return self.returns_normalizer.normalize(values) if self.returns_normalizer is not None else values
 
 
+def run_core(
+    core: nn.Module, x: torch.Tensor, states: torch.Tensor, dones: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run one recurrent core (the actor's or the critic's) over ``B`` sequences of ``R`` steps.
+
+    Args:
+        core: the ``nn.GRU`` or ``nn.LSTM`` (``L`` layers of ``H``).
+        x: ``[B * R, F]`` encoder features, sequence-major (each sequence's R steps consecutive).
+        states: ``[B, core_state_size]`` the state before each sequence's first step (GRU ``L x H``; LSTM h then c).
+        dones: ``[B, R]`` episode ends: after a step with done 1 the state is reset to zeros
+            before the next step. None: no resets (one step per sequence, as in inference).
+
+    Returns:
+        ``([B * R, H], [B, core_state_size])``: outputs and the states after the last step.
+    """
+    B = states.shape[0]
+    R = x.shape[0] // B
+    L, H, lstm = core.num_layers, core.hidden_size, isinstance(core, nn.LSTM)
+    seq = x.view(B, R, -1).transpose(0, 1)  # [R, B, F]
+    s = states.view(B, -1, L, H).permute(1, 2, 0, 3).contiguous()  # [1 or 2, L, B, H]
+    hx = (s[0], s[1]) if lstm else s[0]
+    if dones is None or R == 1 or not bool(dones[:, :-1].any()):
+        out, hx = core(seq, hx)
+    else:
+        outs = []
+        keep = 1.0 - dones.to(x.dtype)  # [B, R]
+        for t in range(R):
+            if t:
+                m = keep[:, t - 1].view(1, B, 1)
+                hx = (hx[0] * m, hx[1] * m) if lstm else hx * m
+            o, hx = core(seq[t : t + 1], hx)
+            outs.append(o)
+        out = torch.cat(outs)
+    packed = (torch.stack(hx) if lstm else hx[None]).permute(2, 0, 1, 3).reshape(B, -1)
+    return out.transpose(0, 1).reshape(B * R, H), packed
+
+
 def _core(cfg: Config, in_size: int) -> nn.Module | None:
     """The recurrent core of ``--use_rnn`` (GRU or LSTM, ``rnn_num_layers`` x ``rnn_size``), or None."""
     if not cfg.use_rnn:
@@ -389,9 +383,8 @@ def _mask_slice(layout, num_actions: int) -> tuple[int, int] | None:
 
 
 def _shared_decoder_for_both(module, state_dict, prefix, *_) -> None:
-    """Until 2026-12-01 msf's separate-weights model had one decoder, applied to the actor's and the critic's
-    features alike: such a checkpoint's ``decoder.*`` becomes the critic's decoder too (the same function;
-    training then moves the two apart)."""
+    """A separate-weights checkpoint with one decoder for the actor's and the critic's features (msf's earlier
+    layout): its ``decoder.*`` becomes the critic's decoder too (the same function; training moves them apart)."""
     own = prefix + "decoder."
     if any(k.startswith(prefix + "critic_decoder.") for k in state_dict):
         return

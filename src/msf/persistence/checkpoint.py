@@ -10,9 +10,15 @@ In ``checkpoint_p{policy}/``:
 Every file is written to a temporary file in the same folder, flushed to disk and renamed
 with ``os.replace``, so a crash never leaves a half-written newest checkpoint; a write that fails (a full
 disk) removes its temporary file and raises :class:`CheckpointWriteFailed`, which names the file, the free
-space and the newest checkpoint kept. Loading uses ``torch.load(weights_only=True)``: a checkpoint holding
-anything but tensors and plain data (a pickled object could run code) is refused. Loading never moves a
-file: only ``msf-train`` sets an unreadable one aside (:func:`set_aside`), before it spawns anything.
+space and the newest checkpoint kept.
+
+Loading is one path for every command (training's resume, ``msf-enjoy``, ``msf-export``):
+:func:`load_latest_checkpoint` reads the folder from the newest file back (``torch.load(weights_only=True)``: a
+pickled object could run code), the caller converts a Sample Factory checkpoint
+(:func:`msf.persistence.sf2_checkpoint.as_msf_checkpoint`) and loads it with :func:`load_into`. Every refusal
+(no file, none readable, a pickled object, non-finite values, a model that does not fit, a Sample Factory one
+that cannot be converted) is a :class:`CheckpointError` of one line. Loading never moves a file: only
+``msf-train`` sets an unreadable one aside (:func:`set_aside`), before it spawns anything.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -120,8 +127,11 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:.1f} MiB"
 
 
-def save_checkpoint(state: dict, exp_dir: str, keep: int, policy: int = 0, milestone: bool = False) -> str:
-    """Write ``state`` atomically; delete all but the newest ``keep``; return the path.
+def save_checkpoint(
+    state: dict, exp_dir: str, keep: int, policy: int = 0, milestone: bool = False, spared: frozenset[str] = frozenset()
+) -> str:
+    """Write ``state`` atomically; delete all but the newest ``keep`` (the files in ``spared``, Sample Factory's, are
+    neither counted nor deleted); return the path.
 
     ``state`` must hold ``train_step`` and ``env_steps`` (ints), used in the file name. With
     ``milestone``, a copy also goes to ``milestones/``, where nothing is ever deleted.
@@ -131,23 +141,26 @@ def save_checkpoint(state: dict, exp_dir: str, keep: int, policy: int = 0, miles
     name = f"checkpoint_{state['train_step']:09d}_{state['env_steps']}.pth"
     path = os.path.join(d, name)
     _atomic_write(path, lambda f: torch.save(state, f))
-    if milestone:
+    if milestone and os.path.join(d, "milestones", name) not in spared:
         os.makedirs(os.path.join(d, "milestones"), exist_ok=True)
         with open(path, "rb") as src:
             _atomic_write(os.path.join(d, "milestones", name), lambda f: shutil.copyfileobj(src, f))
-    for old in list_checkpoints(exp_dir, policy)[:-keep]:
+    for old in [p for p in list_checkpoints(exp_dir, policy) if p not in spared][:-keep]:
         os.unlink(old)
     return path
 
 
-def save_best_checkpoint(state: dict, exp_dir: str, metric: str, value: float, policy: int = 0) -> str:
-    """Write ``state`` as the best checkpoint (``value`` of ``metric``), replacing the previous best."""
+def save_best_checkpoint(
+    state: dict, exp_dir: str, metric: str, value: float, policy: int = 0, spared: frozenset[str] = frozenset()
+) -> str:
+    """Write ``state`` as the best checkpoint (``value`` of ``metric``), replacing the previous best (not one in
+    ``spared``)."""
     d = checkpoint_dir(exp_dir, policy)
     os.makedirs(d, exist_ok=True)
     path = os.path.join(d, f"best_{state['train_step']:09d}_{state['env_steps']}_{metric}_{value:.3f}.pth")
     _atomic_write(path, lambda f: torch.save(state, f))
     for old in list_checkpoints(exp_dir, policy, kind="best"):
-        if old != path:
+        if old != path and old not in spared:
             os.unlink(old)
     return path
 
@@ -187,10 +200,11 @@ def list_checkpoints(exp_dir: str, policy: int = 0, kind: str = "latest") -> lis
 
 
 def load_checkpoint_file(path: str, map_location: str = "cpu") -> dict:
-    """Load one checkpoint file safely.
+    """Load one checkpoint file safely; ``path`` is added to the dict.
 
     Raises:
         CheckpointRefused: the file holds a pickled object other than tensors and plain data.
+        CheckpointError: its model holds non-finite values (a run that diverged).
         Exception: any error of a corrupt or truncated file (``RuntimeError``, ``EOFError``, ...).
     """
     try:
@@ -208,15 +222,24 @@ def load_checkpoint_file(path: str, map_location: str = "cpu") -> dict:
             f"{path} holds an object ({found[1]}) other than tensors and plain data, which could run code "
             "when loaded; refused"
         ) from None
+    model = state.get("model") or {}
+    bad = [k for k, t in model.items() if torch.is_tensor(t) and t.is_floating_point() and not t.isfinite().all()]
+    if bad:
+        more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+        raise CheckpointError(f"{path} holds non-finite values (in {bad[0]}{more})")
     state["path"] = path
     return state
 
 
-class CheckpointRefused(RuntimeError):
+class CheckpointError(RuntimeError):
+    """A checkpoint msf cannot use; the message is one line that names the file or folder and why."""
+
+
+class CheckpointRefused(CheckpointError):
     """A checkpoint would need to unpickle arbitrary objects (which can execute code)."""
 
 
-class NoReadableCheckpoint(RuntimeError):
+class NoReadableCheckpoint(CheckpointError):
     """Checkpoint files exist, and none of them can be read (the message names each, with its reason)."""
 
     def __init__(self, folder: str, unreadable: list[tuple[str, str]]):
@@ -227,8 +250,8 @@ class NoReadableCheckpoint(RuntimeError):
 
 def unreadable_reason(e: BaseException) -> str:
     """Why a file could not be read or written, in one line: the error's type and the first sentence of its
-    message. Some errors have no message (an empty file makes torch.load raise a bare ``EOFError``, and the
-    warning then said ``unreadable ()``); torch's run on for lines of advice after the first sentence."""
+    message (torch's run on for lines of advice after it), or what an error without a message means (an empty
+    file makes torch.load raise a bare ``EOFError``)."""
     first = next((line.strip() for line in str(e).splitlines() if line.strip()), "").split(". ")[0]
     if not first and isinstance(e, EOFError):
         first = "the file is empty or cut short"
@@ -262,24 +285,54 @@ def scan_checkpoints(exp_dir: str, policy: int = 0, kind: str = "latest", map_lo
     return scan
 
 
-def load_latest_checkpoint(
-    exp_dir: str, policy: int = 0, map_location: str = "cpu", kind: str = "latest"
-) -> dict | None:
-    """The newest readable checkpoint of ``kind`` (``latest`` or ``best``), or None when there is no file.
+def _log_unreadable(path: str, reason: str, used: str) -> None:
+    log.warning("checkpoint %s is unreadable (%s); loaded the previous one, %s", path, reason, used)
 
-    A corrupt, truncated or refused newer file is logged (with its reason) and the one before it is used; the
-    file stays where it is (``msf-train`` sets such files aside before it spawns anything:
-    :func:`msf.runner.experiment.check_checkpoints`).
+
+def load_latest_checkpoint(
+    exp_dir: str,
+    policy: int = 0,
+    map_location: str = "cpu",
+    kind: str = "latest",
+    required: bool = False,
+    on_unreadable: Callable[[str, str, str], None] = _log_unreadable,
+) -> dict | None:
+    """The newest readable checkpoint of ``kind`` (``latest`` or ``best``) of policy ``policy``, or None when there
+    is no file (``required``: refused).
+
+    A corrupt, truncated, refused or non-finite newer file is passed to ``on_unreadable(path, reason, used)``
+    (default: a warning in the log) and the one before it is used; the file stays where it is (``msf-train`` sets
+    such files aside before it spawns anything: :func:`msf.runner.experiment.check_checkpoints`).
 
     Raises:
         NoReadableCheckpoint: there are checkpoint files, and none is readable.
+        CheckpointError: ``required`` and there is no checkpoint file of ``kind``.
     """
     scan = scan_checkpoints(exp_dir, policy, kind, map_location)
     if scan.state is None and scan.unreadable:
         raise NoReadableCheckpoint(checkpoint_dir(exp_dir, policy), scan.unreadable)
+    if scan.state is None and required:
+        raise CheckpointError(f"no readable {kind} checkpoint in {checkpoint_dir(exp_dir, policy)}")
     for path, reason in scan.unreadable:
-        log.warning("checkpoint %s is unreadable (%s); loaded the previous one, %s", path, reason, scan.state["path"])
+        on_unreadable(path, reason, scan.state["path"])
     return scan.state
+
+
+def load_into(state: dict, load: Callable[[dict], object]) -> None:
+    """``load(state)`` (a learner's ``load_state_dict``, or a model's on ``state["model"]``), with torch's refusal of
+    a checkpoint that does not fit (missing or unexpected tensors, other shapes) as a :class:`CheckpointError`.
+
+    Raises:
+        CheckpointError: it does not fit (naming the file and torch's first mismatch).
+    """
+    try:
+        load(state)
+    except RuntimeError as e:
+        if isinstance(e, CheckpointError):
+            raise
+        lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+        first = " ".join(lines[:2])  # torch's first line only announces the list of mismatches
+        raise CheckpointError(f"the checkpoint {state.get('path')} does not fit the model ({first})") from None
 
 
 def set_aside(path: str) -> str | None:
@@ -313,13 +366,17 @@ class BackgroundCheckpointWriter:
     Args:
         exp_dir: the experiment folder. keep: how many newest checkpoints to keep.
         metric: the name of the best-checkpoint metric, for the file name. policy: whose checkpoints
-            (``checkpoint_p{policy}/``).
+            (``checkpoint_p{policy}/``). spared: files of that folder never replaced, counted or deleted (Sample
+            Factory's: :func:`msf.persistence.sf2_checkpoint.sf2_files`); a checkpoint of the same name (the same
+            train step and env steps: nothing was learnt since) is not written.
     """
 
-    def __init__(self, exp_dir: str, keep: int, metric: str = "reward", policy: int = 0):
+    def __init__(
+        self, exp_dir: str, keep: int, metric: str = "reward", policy: int = 0, spared: frozenset[str] = frozenset()
+    ):
         import concurrent.futures
 
-        self.exp_dir, self.keep, self.metric, self.policy = exp_dir, keep, metric, policy
+        self.exp_dir, self.keep, self.metric, self.policy, self.spared = exp_dir, keep, metric, policy, spared
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
         self.pending = None
 
@@ -330,19 +387,16 @@ class BackgroundCheckpointWriter:
         self.pending = self.pool.submit(self._write, snapshot(state), milestone, best)
 
     def _write(self, state: dict, milestone: bool, best: float | None) -> None:
-        if best is not None:
-            log.info(
-                "saved the best checkpoint so far (%s %.3f): %s",
-                self.metric,
-                best,
-                save_best_checkpoint(state, self.exp_dir, self.metric, best, policy=self.policy),
-            )
+        stem = f"{state['train_step']:09d}_{state['env_steps']}"
+        name = f"best_{stem}_{self.metric}_{best:.3f}.pth" if best is not None else f"checkpoint_{stem}.pth"
+        if (path := os.path.join(checkpoint_dir(self.exp_dir, self.policy), name)) in self.spared:
+            log.info("not written: %s is Sample Factory's, of the same step, and stays as it is", path)
+        elif best is not None:
+            path = save_best_checkpoint(state, self.exp_dir, self.metric, best, self.policy, self.spared)
+            log.info("saved the best checkpoint so far (%s %.3f): %s", self.metric, best, path)
         else:
-            log.info(
-                "saved %s%s",
-                save_checkpoint(state, self.exp_dir, self.keep, policy=self.policy, milestone=milestone),
-                " (and a milestone copy)" if milestone else "",
-            )
+            path = save_checkpoint(state, self.exp_dir, self.keep, self.policy, milestone, self.spared)
+            log.info("saved %s%s", path, " (and a milestone copy)" if milestone else "")
 
     def flush(self) -> None:
         """Wait for the write in flight; raise its error, if any."""

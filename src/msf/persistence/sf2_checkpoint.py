@@ -7,7 +7,7 @@ A folder that Sample Factory 2.1.1 wrote (``train_dir/EXP/config.json``, ``check
 ``msf-enjoy`` plays it and ``msf-train`` resumes it; nothing of Sample Factory's is ever changed, renamed or
 deleted: in such a folder msf writes its config to ``msf_config.json`` (read before ``config.json`` from then on)
 and its checkpoints beside Sample Factory's, whose files its keep-N rotation and best-checkpoint replacement leave
-alone (:class:`SparingCheckpointWriter`).
+alone (the writer's ``spared`` files: :func:`sf2_files`).
 
 The standard model maps tensor for tensor (Sample Factory's name, then msf's)::
 
@@ -62,13 +62,7 @@ from typing import Collection, NoReturn
 
 import torch
 
-from msf.persistence.checkpoint import (
-    BackgroundCheckpointWriter,
-    _atomic_write,
-    checkpoint_dir,
-    list_checkpoints,
-    save_checkpoint,
-)
+from msf.persistence.checkpoint import CheckpointError, checkpoint_dir, list_checkpoints
 
 log = logging.getLogger("msf")
 
@@ -155,7 +149,7 @@ _ENCODER = tuple(
 )
 
 
-class Sf2Refused(ValueError):
+class Sf2Refused(CheckpointError, ValueError):
     """A Sample Factory folder that msf cannot use as it is. The message is one line, ``--experiment: ...``, and
     names what could not be mapped."""
 
@@ -352,6 +346,47 @@ def _fit(t: torch.Tensor, shape: torch.Size) -> torch.Tensor | None:
     return None
 
 
+def _check_scaling(
+    sf_model: dict, sf_cfg: dict, model: torch.nn.Module, target: dict, source: str
+) -> tuple[float, float]:
+    """Sample Factory's observation scaling ``(obs_scale, obs_subtract_mean)``, which must be the model's.
+
+    Raises:
+        Sf2Refused: the model scales its observations otherwise, or does not squash a Gaussian's means as Sample
+            Factory's ``continuous_tanh_scale`` did.
+    """
+    image = any(k.startswith("actor_encoder.conv.") for k in target)
+    k, s = float(sf_cfg["obs_scale"]), float(sf_cfg["obs_subtract_mean"])
+    want = (float(getattr(model, "obs_scale", 255.0 if image else 1.0)), float(getattr(model, "obs_subtract", 0.0)))
+    if (k, s) != want:
+        _refuse(
+            f"{source}: Sample Factory scaled its observations as (obs - {s:g}) / {k:g} (obs_scale, "
+            f"obs_subtract_mean), msf's model as (obs - {want[1]:g}) / {want[0]:g}"
+        )
+    tanh = float(sf_cfg.get("continuous_tanh_scale") or 0.0)
+    if (
+        "action_parameterization.learned_stddev" in sf_model
+        and tanh > 0
+        and float(getattr(model, "tanh_scale", 0.0)) != tanh
+    ):
+        _refuse(f"{source}: continuous_tanh_scale={tanh:g} squashes the Gaussian's means, and msf's model does not")
+    return k, s
+
+
+def _normalizer(sf_model: dict, sf: str, p: str, k: float, s: float) -> dict[str, torch.Tensor]:
+    """msf's normaliser ``p`` (``mean``, ``var``, ``count`` and the float32 ``mean_f32``, ``std_f32``) from Sample
+    Factory's running statistics under ``sf`` of values scaled as ``(x - s) / k``: statistics of the raw values
+    (the module's docstring)."""
+    m, v = sf_model[sf + "running_mean"].double(), sf_model[sf + "running_var"].double()
+    return {
+        p + "mean": s + k * m,
+        p + "var": k * k * v,
+        p + "count": sf_model[sf + "count"].double(),
+        p + "mean_f32": (s + k * m).float(),
+        p + "std_f32": (k * torch.sqrt(v + _SF_EPS)).float(),
+    }
+
+
 def convert_model_state(sf_model: dict, sf_cfg: dict, model: torch.nn.Module, source: str) -> dict:
     """msf's state dict for ``model`` from a Sample Factory model state dict (see the module's table).
 
@@ -380,48 +415,26 @@ def convert_model_state(sf_model: dict, sf_cfg: dict, model: torch.nn.Module, so
             unmapped.append(key)
             continue
         out[name], origin[name] = value, key
-    image = any(k.startswith("actor_encoder.conv.") for k in target)
-    k, s = float(sf_cfg["obs_scale"]), float(sf_cfg["obs_subtract_mean"])
-    want = (float(getattr(model, "obs_scale", 255.0 if image else 1.0)), float(getattr(model, "obs_subtract", 0.0)))
-    if (k, s) != want:
-        _refuse(
-            f"{source}: Sample Factory scaled its observations as (obs - {s:g}) / {k:g} (obs_scale, "
-            f"obs_subtract_mean), msf's model as (obs - {want[1]:g}) / {want[0]:g}"
-        )
-    tanh = float(sf_cfg.get("continuous_tanh_scale") or 0.0)
-    if (
-        "action_parameterization.learned_stddev" in sf_model
-        and tanh > 0
-        and float(getattr(model, "tanh_scale", 0.0)) != tanh
-    ):
-        _refuse(f"{source}: continuous_tanh_scale={tanh:g} squashes the Gaussian's means, and msf's model does not")
+    k, s = _check_scaling(sf_model, sf_cfg, model, target, source)
     for key in sf_model:
         if key.startswith("obs_normalizer.") and not (
             key.startswith(_OBS_NORM) and key[len(_OBS_NORM) :] in ("running_mean", "running_var", "count")
         ):
             unmapped.append(key)
-    if _OBS_NORM + "running_mean" in sf_model:
-        m, v = sf_model[_OBS_NORM + "running_mean"].double(), sf_model[_OBS_NORM + "running_var"].double()
-        dests = [
-            p
-            for p in ("obs_normalizer.", "actor_encoder.normalizer.", "critic_encoder.normalizer.")
-            if p + "mean" in target
-        ]
-        if not dests:
-            unmapped.append(_OBS_NORM + "running_mean")
-        for p in dests:  # statistics of the raw values (the module's docstring)
-            out[p + "mean"], out[p + "var"] = s + k * m, k * k * v
-            out[p + "count"] = sf_model[_OBS_NORM + "count"].double()
-            out[p + "mean_f32"], out[p + "std_f32"] = (s + k * m).float(), (k * torch.sqrt(v + _SF_EPS)).float()
-            for suffix, sf in (("mean", "running_mean"), ("var", "running_var"), ("count", "count")):
-                origin[p + suffix] = _OBS_NORM + sf
-    if "returns_normalizer.running_mean" in sf_model:
-        m, v = sf_model["returns_normalizer.running_mean"].double(), sf_model["returns_normalizer.running_var"].double()
-        p = "returns_normalizer."
-        out[p + "mean"], out[p + "var"], out[p + "count"] = m, v, sf_model[p + "count"].double()
-        out[p + "mean_f32"], out[p + "std_f32"] = m.float(), torch.sqrt(v + _SF_EPS).float()
-        for suffix, sf in (("mean", "running_mean"), ("var", "running_var"), ("count", "count")):
-            origin[p + suffix] = p + sf
+    obs = [
+        p
+        for p in ("obs_normalizer.", "actor_encoder.normalizer.", "critic_encoder.normalizer.")
+        if p + "mean" in target
+    ]
+    if _OBS_NORM + "running_mean" in sf_model and not obs:
+        unmapped.append(_OBS_NORM + "running_mean")
+    for sf, dests, scale, shift in ((_OBS_NORM, obs, k, s), ("returns_normalizer.", ["returns_normalizer."], 1.0, 0.0)):
+        if sf + "running_mean" in sf_model:
+            for p in dests:
+                out.update(_normalizer(sf_model, sf, p, scale, shift))
+                origin.update(
+                    {p + key: sf + ("running_" + key if key != "count" else key) for key in ("mean", "var", "count")}
+                )
     problems = [
         f"its {key} has no counterpart in msf's model{_hint(key)}"
         for key in unmapped + [origin.get(n, n) for n in out if n not in target]
@@ -575,49 +588,3 @@ def sf2_files(exp_dir: str, policy: int = 0) -> frozenset[str]:
         if is_sf2_checkpoint(state):
             kept.add(path)
     return frozenset(kept)
-
-
-class SparingCheckpointWriter(BackgroundCheckpointWriter):
-    """:class:`~msf.persistence.checkpoint.BackgroundCheckpointWriter` for a folder that also holds Sample Factory's
-    checkpoints (``spared``): the keep-N rotation counts and deletes only msf's files, a new best checkpoint replaces
-    only msf's, and a file whose name is one of Sample Factory's (the same train step and env steps: nothing was
-    learnt since) is not written at all."""
-
-    def __init__(
-        self, exp_dir: str, keep: int, metric: str = "reward", policy: int = 0, spared: frozenset[str] = frozenset()
-    ):
-        super().__init__(exp_dir, keep, metric, policy)
-        self.spared = spared
-
-    def _write(self, state: dict, milestone: bool, best: float | None) -> None:
-        d = checkpoint_dir(self.exp_dir, self.policy)
-        stem = f"{state['train_step']:09d}_{state['env_steps']}"
-        path = os.path.join(
-            d, f"best_{stem}_{self.metric}_{best:.3f}.pth" if best is not None else f"checkpoint_{stem}.pth"
-        )
-        if path in self.spared:
-            log.info("not written: %s is Sample Factory's, of the same step, and stays as it is", path)
-            return
-        if best is None:
-            milestone = milestone and os.path.join(d, "milestones", os.path.basename(path)) not in self.spared
-            save_checkpoint(state, self.exp_dir, keep=1 << 30, policy=self.policy, milestone=milestone)
-            mine = [p for p in list_checkpoints(self.exp_dir, self.policy) if p not in self.spared]
-            for old in mine[: -self.keep]:
-                os.unlink(old)
-            log.info("saved %s%s", path, " (and a milestone copy)" if milestone else "")
-            return
-        os.makedirs(d, exist_ok=True)
-        _atomic_write(path, lambda f: torch.save(state, f))
-        for old in list_checkpoints(self.exp_dir, self.policy, kind="best"):
-            if old != path and old not in self.spared:
-                os.unlink(old)
-        log.info("saved the best checkpoint so far (%s %.3f): %s", self.metric, best, path)
-
-
-def checkpoint_writer(exp_dir: str, keep: int, metric: str = "reward", policy: int = 0) -> BackgroundCheckpointWriter:
-    """The checkpoint writer of policy ``policy``: a :class:`SparingCheckpointWriter` where its folder holds Sample
-    Factory's checkpoints, else the plain one."""
-    spared = sf2_files(exp_dir, policy)
-    if spared:
-        return SparingCheckpointWriter(exp_dir, keep, metric, policy, spared)
-    return BackgroundCheckpointWriter(exp_dir, keep, metric, policy)

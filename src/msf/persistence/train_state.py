@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
 import msf
-from msf.persistence.checkpoint import load_latest_checkpoint
+from msf.persistence.checkpoint import load_into, load_latest_checkpoint
 
 log = logging.getLogger("msf")
 
@@ -127,16 +127,16 @@ class TrainState:
         policy's episodes and best metric from its own.
 
         Raises:
-            RuntimeError: a checkpoint does not fit its learner (see the learner's ``load_state_dict``).
-            NoReadableCheckpoint: a policy has checkpoint files and none is readable (``msf-train`` refuses that
-                case before it spawns anything; a broken file met here is only logged, never moved).
+            CheckpointError: a checkpoint does not fit its learner; a policy has checkpoint files and none is
+                readable (``msf-train`` refuses that case before it spawns anything; a broken file met here is
+                only logged, never moved).
         """
         out = cls.fresh(len(learners), stats_avg)
         for p, learner in enumerate(learners):
             state = exchange(load_latest_checkpoint(exp_dir, policy=p) if resume else None)
             if state is None:
                 continue
-            learner.load_state_dict(state)
+            load_into(state, learner.load_state_dict)
             saved_lr = state.get("config", {}).get("learning_rate")
             if saved_lr is not None and saved_lr != learning_rate:
                 learner.set_lr(learning_rate)

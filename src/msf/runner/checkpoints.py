@@ -12,8 +12,8 @@ from typing import Sequence
 from msf.cfg.config import Config
 from msf.distributed.topology import RankInfo
 from msf.learning.learner import Learner
-from msf.persistence.checkpoint import best_on_disk
-from msf.persistence.sf2_checkpoint import checkpoint_writer
+from msf.persistence.checkpoint import BackgroundCheckpointWriter, best_on_disk
+from msf.persistence.sf2_checkpoint import sf2_files
 from msf.persistence.train_state import TrainState
 
 
@@ -40,7 +40,7 @@ class Checkpoints:
         self.cfg, self.state, self.learners, self.rank = cfg, state, learners, rank
         # beside Sample Factory's checkpoints, a writer that never deletes or overwrites them
         self.writers = [
-            checkpoint_writer(exp_dir, cfg.keep_checkpoints, cfg.save_best_metric, policy=p)
+            BackgroundCheckpointWriter(exp_dir, cfg.keep_checkpoints, cfg.save_best_metric, p, sf2_files(exp_dir, p))
             for p in range(len(learners))
         ]
         self.last_milestone = start_time

@@ -12,7 +12,7 @@ import time
 from msf.cfg.arguments import EVALUATION_FLAGS
 from msf.cfg.config import LAUNCH_FLAGS, Config, fixed_for, merge_env_args
 from msf.cfg.validation import ConfigError
-from msf.persistence.checkpoint import scan_checkpoints, set_aside
+from msf.persistence.checkpoint import NoReadableCheckpoint, load_latest_checkpoint, set_aside
 from msf.persistence.sf2_checkpoint import (
     MSF_CONFIG,
     Sf2Refused,
@@ -135,10 +135,14 @@ def check_checkpoints(cfg: Config, move: bool) -> list[str]:
     if cfg.restart_behavior != "resume":
         return []
     exp_dir = experiment_dir(cfg)
-    scans = [scan_checkpoints(exp_dir, policy=p) for p in range(cfg.num_policies)]
-    _check_sf2_checkpoints(cfg, [scan.state for scan in scans])
-    move = move and not is_sf2_folder(exp_dir)  # a file there may be Sample Factory's: none is renamed
-    unreadable = [bad for scan in scans if scan.state is None for bad in scan.unreadable]
+    newer: list[tuple[str, str, str]] = []  # (unreadable file, reason, the file used instead)
+    states, unreadable = [], []
+    for p in range(cfg.num_policies):
+        try:
+            states.append(load_latest_checkpoint(exp_dir, p, on_unreadable=lambda *bad: newer.append(bad)))
+        except NoReadableCheckpoint as e:
+            unreadable += e.unreadable
+    _check_sf2_checkpoints(cfg, states)
     if unreadable:
         files = "; ".join(f"{path} ({reason})" for path, reason in unreadable)
         raise ConfigError(
@@ -146,12 +150,12 @@ def check_checkpoints(cfg: Config, move: bool) -> list[str]:
             f"{files}. Nothing was changed; --restart_behavior=restart starts it anew (the old folder is moved "
             "aside)"
         )
+    move = move and not is_sf2_folder(exp_dir)  # a file there may be Sample Factory's: none is renamed
     notes = []
-    for scan in scans:
-        for path, reason in scan.unreadable:
-            moved = set_aside(path) if move else None
-            aside = f"set aside as {os.path.basename(moved)}; " if moved else ""
-            notes.append(f"checkpoint {path} is unreadable ({reason}); {aside}resuming from {scan.state['path']}")
+    for path, reason, used in newer:
+        moved = set_aside(path) if move else None
+        aside = f"set aside as {os.path.basename(moved)}; " if moved else ""
+        notes.append(f"checkpoint {path} is unreadable ({reason}); {aside}resuming from {used}")
     return notes
 
 
