@@ -110,13 +110,17 @@ class RolloutWorker:
         return self.slots.free
 
     def _take_slot(self, row: int) -> int:
-        """A free slot for ``row``'s next trajectory; blocks (back-pressure from the learner) until one is returned."""
+        """A free slot for ``row``'s next trajectory, once there is one (:meth:`_wait_for_slots`)."""
         if not self.slots.free:
-            t0 = time.monotonic()
-            while not self.slots.take_returned(timeout=0.5):
-                self._check_stop()
-            self.counters.add_wait(time.monotonic() - t0)
+            self._wait_for_slots()
         return self.slots.take(row)
+
+    def _wait_for_slots(self) -> None:
+        """Block until the learner returns slots (back-pressure), counted as waiting. Raises :class:`Stopped`."""
+        t0 = time.monotonic()
+        while not self.slots.take_returned(timeout=0.5):
+            self._check_stop()
+        self.counters.add_wait(time.monotonic() - t0)
 
     def take_returned_slots(self, timeout: float | None) -> bool:
         """Take every :class:`~msf.sampling.messages.SlotsReturned` on ``free_queue`` into the free slots,
@@ -274,10 +278,7 @@ class RolloutWorker:
             last_reply = time.monotonic()
             while True:
                 if self.all_parked:  # --async_rl=False: the learner trains on what the splits wrote
-                    t0 = time.monotonic()
-                    while not self.take_returned_slots(timeout=0.5):
-                        self._check_stop()
-                    self.counters.add_wait(time.monotonic() - t0)
+                    self._wait_for_slots()
                     self.resume()
                     last_reply = time.monotonic()
                     continue
