@@ -15,7 +15,6 @@ from msf.runtime.affinity import (
     learner_threads,
     pin_this_process,
     raise_niceness,
-    retune_learner_threads,
     set_learner_niceness,
     usable_cores,
     worker_cores,
@@ -136,8 +135,8 @@ def test_the_learner_threads_note_says_what_is_true_of_oversubscribed_cores(capl
     before = torch.get_num_threads()
     try:
         with caplog.at_level(logging.INFO, logger="msf"):
-            retune_learner_threads([0.0, 0.0, 0.0], 16 * cores, 1, 1)
-            retune_learner_threads([0.9, 0.8, 0.0], 1, 1, 1)
+            LearnerThreadRetune(True, 0.0, 16 * cores, 1, 1)(30.0, [0.0, 0.0, 0.0])
+            LearnerThreadRetune(True, 0.0, 1, 1, 1)(30.0, [0.9, 0.8, 0.0])
     finally:
         torch.set_num_threads(before)
     oversubscribed, fits = [r.getMessage() for r in caplog.records if "torch thread(s) from now on" in r.getMessage()]

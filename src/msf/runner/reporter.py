@@ -29,6 +29,7 @@ from msf.sampling.messages import InferenceCounters, RolloutCounters
 log = logging.getLogger("msf")
 
 _STAGES = ("rollout", "inference", "learner")
+STARTUP_NOTE_S = 10.0  # seconds between two notes of the start-up's progress
 
 
 @dataclass
@@ -138,7 +139,6 @@ class Reporter:
         self.global_stats: dict[str, Any] = {}
         self.summary_frames: int | None = None
         self.target_reached_frames: int | None = None
-        # the start-up of this group's envs (:meth:`startup_progress`): seconds until every one had started
         self.envs_started_after_s: float | None = None
         self.startup_noted = start_time
         self.stall_watch = StallWatch(cfg.heartbeat_interval, cfg.heartbeat_reporting_interval)
@@ -168,12 +168,10 @@ class Reporter:
         pr.train = stats
 
     def reached_target(self, target: float | None) -> bool:
-        """Some policy's mean return at the last summary reached ``target`` (``--stop_at_return_mean``; None:
-        no target): the same on every replica, the means being the summary's all-gather. Notes the summary's
-        frame count in ``target_reached_frames``."""
-        if target is None or not any(
-            m is not None and m >= target for m in map(self.return_mean, range(len(self.policies)))
-        ):
+        """Some policy's mean return at the last summary (all-gathered: the same on every replica) reached
+        ``target`` (``--stop_at_return_mean``; None: none); its frame count is kept (``target_reached_frames``)."""
+        means = map(self.return_mean, range(len(self.policies)))
+        if target is None or not any(m is not None and m >= target for m in means):
             return False
         self.target_reached_frames = self.summary_frames
         return True
@@ -214,39 +212,29 @@ class Reporter:
         counts = (max(len(self.rollout_wait), 1), max(len(self.inference_stats), 1), 1)
         return [min(1.0, (a - b) / (dt * n)) for a, b, n in zip(totals, before, counts)]
 
-    STARTUP_NOTE_S = 10.0
-
     def startup_progress(self) -> None:
         """Until every env of this device group has started (made and reset once): every 10 s, log how far the
         start-up is (a long one would be silent otherwise); once all have, log how long it took
         (``envs_started_after_s`` in ``summary.json``)."""
         if self.envs_started_after_s is not None:
             return
-        now, n = self.clock(), self.cfg.num_envs_per_worker
-        total = n * len(self.rollout_wait)
-        started = sum(min(c.envs_started, n) for c in self.rollout_wait)
+        now, n, counters = self.clock(), self.cfg.num_envs_per_worker, self.rollout_wait
+        total, started = n * len(counters), sum(min(c.envs_started, n) for c in counters)
         if started >= total:
-            self.envs_started_after_s = now - self.start_time
-            if self.cfg.serial_mode:  # one process: no worker was spawned
-                log.info("all %d environments started, in this process (--serial_mode)", total)
-            else:
-                log.info(
-                    "all %d environments of %d rollout worker(s) started, %.1f s after the workers were spawned",
-                    total,
-                    len(self.rollout_wait),
-                    self.envs_started_after_s,
-                )
-            return
-        if now - self.startup_noted >= self.STARTUP_NOTE_S:
+            self.envs_started_after_s = t = now - self.start_time
+            how = f"of {len(counters)} rollout worker(s) started, {t:.1f} s after the workers were spawned"
+            serial = "started, in this process (--serial_mode)"  # one process: no worker was spawned
+            log.info("all %d environments %s", total, serial if self.cfg.serial_mode else how)
+        elif now - self.startup_noted >= STARTUP_NOTE_S:
             self.startup_noted = now
             log.info(
                 "starting the environments: %d of %d made, %d started; %d of %d rollout worker(s) ready "
                 "(%.0f s since the workers were spawned)",
-                sum(min(c.envs_made, n) for c in self.rollout_wait),
+                sum(min(c.envs_made, n) for c in counters),
                 total,
                 started,
-                sum(c.envs_started >= n for c in self.rollout_wait),
-                len(self.rollout_wait),
+                sum(c.envs_started >= n for c in counters),
+                len(counters),
                 now - self.start_time,
             )
 
@@ -259,15 +247,12 @@ class Reporter:
         if stalled is None:
             return None
         workers, waited = stalled
+        sync = " (with --async_rl=False, workers that wrote their share wait for the others)"
         msg = (
             f"rollout worker(s) {', '.join(map(str, workers))} of this device group stepped no env in the last "
             f"{waited:.0f} s, while the learner waited for trajectories (--heartbeat_interval="
             f"{self.cfg.heartbeat_interval}): an env that hangs, or a machine too busy to run them"
-            + (
-                " (with --async_rl=False, workers that wrote their share wait for the others)"
-                if not self.cfg.async_rl
-                else ""
-            )
+            f"{'' if self.cfg.async_rl else sync}"
         )
         log.warning("%s", msg)
         return msg
@@ -365,15 +350,9 @@ class Reporter:
             if self.cfg.with_pbt:
                 scalars.update({f"{pre}pbt/{k}": v for k, v in learner.hyperparameters().items()})
         if self.rank.distributed:
-            for r, (fps, (lo, mean, hi)) in enumerate(zip(gs["fps_per_rank"], gs["lag_per_rank"])):
-                scalars.update(
-                    {
-                        f"perf/fps_rank{r}": fps,
-                        f"policy_lag/rank{r}_min": lo,
-                        f"policy_lag/rank{r}_mean": mean,
-                        f"policy_lag/rank{r}_max": hi,
-                    }
-                )
+            for r, (fps, lag) in enumerate(zip(gs["fps_per_rank"], gs["lag_per_rank"])):
+                scalars[f"perf/fps_rank{r}"] = fps
+                scalars.update({f"policy_lag/rank{r}_{k}": v for k, v in zip(("min", "mean", "max"), lag)})
         return scalars
 
     def _log_status(self, recent: float, total: float) -> None:

@@ -1,7 +1,7 @@
 """Cores, threads and priorities: pinning rollout workers to CPU cores (``--set_workers_cpu_affinity``,
 Sample Factory's flag), the processes' niceness (``--default_niceness``, Sample Factory's flag and
 offsets) and the learner's torch threads (``--learner_threads``: at the start, and once more from the measured
-load, :class:`LearnerThreadRetune`).
+load: :class:`LearnerThreadRetune`).
 
 A simulator such as ViZDoom runs its game engine in a thread of the worker's process; when the process
 floats, the engine and the Python loop bounce between cores and the env loop runs at about half speed.
@@ -147,10 +147,11 @@ def auto_learner_threads(
 
 
 class LearnerThreadRetune:
-    """``--learner_threads=0`` with ``--async_rl``: once, at the first :meth:`__call__` ``after_s`` seconds after
-    ``start``, this process's torch threads are chosen again from the waiting shares measured meanwhile
-    (:func:`retune_learner_threads`). Otherwise (``auto`` False) the start's number is kept: a given one, or a
-    synchronous learner's, which has its share of the cores from the start (:func:`learner_threads`).
+    """``--learner_threads=0`` with ``--async_rl`` (``auto``): once, at the first call 30 s after ``start``, set this
+    process's torch threads from the waiting shares measured meanwhile (:func:`auto_learner_threads` on this
+    device group's share of the node's usable cores), and log the choice. Otherwise the start's number is kept:
+    a given one, or a synchronous learner's, which has its share of the cores from the start
+    (:func:`learner_threads`).
 
     Args:
         auto: retune once. start: the clock at the start (s). rollout_workers, inference_workers: this replica's.
@@ -162,25 +163,20 @@ class LearnerThreadRetune:
         self.workers, self.groups_per_node = (rollout_workers, inference_workers), groups_per_node
 
     def __call__(self, now: float, waits: Sequence[float]) -> None:
-        """``waits``: this replica's waiting shares (rollout, inference, learner) over the last window."""
-        if self.due and now - self.start >= self.after_s:
-            self.due = False
-            retune_learner_threads(waits, *self.workers, self.groups_per_node)
+        """``now``: the clock (s); ``waits``: this replica's waiting shares (rollout, inference, learner; each in
+        ``[0, 1]``) over the last window."""
+        if not self.due or now - self.start < self.after_s:
+            return
+        import torch  # here only: the rest of this module serves processes that need no torch
 
-
-def retune_learner_threads(waits: Sequence[float], n_rollout: int, n_inference: int, groups_per_node: int) -> None:
-    """Set this process's torch threads from the waiting shares (rollout, inference, learner; each in
-    ``[0, 1]``) of ``n_rollout`` rollout and ``n_inference`` inference workers, on this device group's share
-    of the node's usable cores (:func:`auto_learner_threads`), and log the choice."""
-    import torch  # here only: the rest of this module serves processes that need no torch
-
-    rollout_wait, inference_wait, learner_wait = waits
-    cores = len(usable_cores()) / groups_per_node
-    before = torch.get_num_threads()
-    after = auto_learner_threads(cores, n_rollout, rollout_wait, n_inference, inference_wait, learner_wait, before)
-    if after != before:
-        torch.set_num_threads(after)
-    log.info("learner: %s", learner_threads_note(after, before, waits, n_rollout, n_inference, cores))
+        self.due = False
+        (n_rollout, n_inference), (rollout_wait, inference_wait, learner_wait) = self.workers, waits
+        cores = len(usable_cores()) / self.groups_per_node
+        before = torch.get_num_threads()
+        after = auto_learner_threads(cores, n_rollout, rollout_wait, n_inference, inference_wait, learner_wait, before)
+        if after != before:
+            torch.set_num_threads(after)
+        log.info("learner: %s", learner_threads_note(after, before, waits, n_rollout, n_inference, cores))
 
 
 def learner_threads_note(

@@ -1,8 +1,5 @@
-"""A rollout worker's state as values: its free slots, its running episodes, which policy drives each row, and
-the synchronous quota. The worker (:class:`~msf.sampling.rollout_worker.RolloutWorker`) moves data between the
-envs and the trajectory buffer; these say where it goes and when. Rows: one per agent of each env (env ``e``'s
-agents are rows ``e * A .. e * A + A - 1``).
-"""
+"""A rollout worker's state as values: its free slots, running episodes, each row's policy, the synchronous quota.
+Rows: one per agent of each env (env ``e``'s agents are rows ``e * A .. e * A + A - 1``)."""
 
 from __future__ import annotations
 
@@ -14,15 +11,10 @@ import numpy as np
 
 
 class SlotPool:
-    """A worker's free slots of the trajectory buffer, in the order they were returned, and the key of each
-    trajectory started in one: ``(job-wide row << 32) | the row's trajectory count``, by which ``--deterministic``
-    orders a training batch.
-
-    Args:
-        slots: the worker's slots (all free). slot_key: the buffer's ``[slots]`` int64 keys. free_queue: where the
-            learner returns slots (:class:`~msf.sampling.messages.SlotsReturned`). first_row: the job-wide index of
-            the worker's row 0. rows: the worker's rows.
-    """
+    """A worker's free ``slots`` of the trajectory buffer, in the order they came back on ``free_queue``
+    (:class:`~msf.sampling.messages.SlotsReturned`), and the key of each trajectory started in one, in the buffer's
+    int64 ``slot_key``: ``(job-wide row << 32) | the row's trajectory count`` (``--deterministic`` orders a batch by
+    it). ``first_row``: the job-wide index of the worker's row 0 of ``rows``."""
 
     def __init__(self, slots: range, slot_key: np.ndarray, free_queue: Any, first_row: int, rows: int):
         self.free = collections.deque(slots)
@@ -84,13 +76,9 @@ class RunningEpisodes:
 
 
 class PolicyDraw:
-    """Which of ``policies`` drives each row (``row``): drawn at the start, and again at the first trajectory
-    boundary after an episode of the row's env ended, so that a trajectory is one policy's. One draw per agent
-    with ``mix`` (``--pbt_mix_policies_in_one_env``), else one per env (Sample Factory's mapping).
-
-    Args:
-        policies: the run's policies. agents: agents per env. rows: the worker's rows. rng: draws ``integers``.
-    """
+    """Which of ``policies`` drives each of ``rows`` (``row``): drawn at the start, and again at the first trajectory
+    boundary after an episode of the row's env ended, so that a trajectory is one policy's. One draw (``rng``'s
+    ``integers``) per agent with ``mix`` (``--pbt_mix_policies_in_one_env``), else one per env of ``agents``."""
 
     def __init__(self, policies: int, agents: int, rows: int, mix: bool, rng: Any):
         self.P, self.A, self.mix, self.rng = policies, agents, mix, rng

@@ -39,8 +39,7 @@ class Stopped(Exception):
 
 class RolloutWorker:
     """One rollout worker (see the module docstring): it moves data between its envs and the trajectory buffer;
-    where it goes and when is held by its values (:mod:`msf.sampling.rollout_state`): ``slots``, ``episodes``,
-    ``policies``, ``quota``.
+    its values (:mod:`msf.sampling.rollout_state`) say where and when: ``slots``, ``episodes``, ``policies``, ``quota``.
 
     Driven by :meth:`run` in its own process (pipes to the inference workers), or step by step from
     outside, in one process: :meth:`start`, then :meth:`on_reply` for each answer an inference worker
