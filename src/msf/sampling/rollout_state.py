@@ -48,9 +48,7 @@ class RunningEpisodes:
     def __init__(self, rows: int, now: float):
         self.ret = np.zeros(rows, dtype=np.float64)
         self.len = np.zeros(rows, dtype=np.int64)
-        self.returns: list[float] = []
-        self.lengths: list[int] = []
-        self.policies: list[int] = []
+        self.done: list[tuple[float, int, int]] = []  # (return, length, policy)
         self.taken_at = now
 
     def add(self, lo: int, rew: np.ndarray, ended: np.ndarray, row_policy: np.ndarray) -> None:
@@ -59,20 +57,18 @@ class RunningEpisodes:
         self.ret[lo:hi] += rew
         self.len[lo:hi] += 1
         for i in np.nonzero(ended)[0]:
-            self.returns.append(float(self.ret[lo + i]))
-            self.lengths.append(int(self.len[lo + i]))
-            self.policies.append(int(row_policy[lo + i]))
+            self.done.append((float(self.ret[lo + i]), int(self.len[lo + i]), int(row_policy[lo + i])))
         self.ret[lo:hi][ended] = 0.0
         self.len[lo:hi][ended] = 0
 
     def take(self, now: float, period_s: float) -> tuple[list[float], list[int], list[int]] | None:
         """(returns, lengths, policies) of the finished episodes, and start afresh, if any finished and the last
         take is more than ``period_s`` seconds older than ``now``; else None."""
-        if not self.returns or now - self.taken_at <= period_s:
+        if not self.done or now - self.taken_at <= period_s:
             return None
-        out = self.returns, self.lengths, self.policies
-        self.returns, self.lengths, self.policies, self.taken_at = [], [], [], now
-        return out
+        done, self.done, self.taken_at = self.done, [], now
+        returns, lengths, policies = (list(x) for x in zip(*done))
+        return returns, lengths, policies
 
 
 class PolicyDraw:
