@@ -275,7 +275,7 @@ def test_learner_threads_are_chosen_once_from_the_measured_load(train_dir):
     cores = len(os.sched_getaffinity(0))
     start = re.findall(r"learner: (\d+) torch thread\(s\) \(--learner_threads=0: chosen again", log)
     assert start == [str(max(1, cores - 3))]  # 2 rollout workers + 1 inference worker hold a core each
-    # the note (runner/reporter.learner_threads_note) has two forms: the workers' busy cores when they fit into
+    # the note (runtime/affinity.learner_threads_note) has two forms: the workers' busy cores when they fit into
     # the cores, else each kind's busy-or-waiting-for-a-core share (oversubscribed)
     fits = re.findall(
         r"learner: (\d+) torch thread\(s\) from now on, was (\d+) \(the workers kept ([\d.]+) of "

@@ -1,11 +1,13 @@
-"""--set_workers_cpu_affinity: which core each rollout worker is pinned to (the pinning itself, in a child process:
-tests/integration/test_affinity_processes.py)."""
+"""--set_workers_cpu_affinity: which core each rollout worker is pinned to; the learner's torch threads (the
+pinning and niceness themselves, in a child process: tests/integration/test_affinity_processes.py)."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from msf.runtime.affinity import (
+    LearnerThreadRetune,
     auto_learner_threads,
     learner_threads,
     worker_cores,
@@ -69,3 +71,40 @@ def test_learner_threads_at_the_start(flag, workers, inference, nproc, cores, sy
 )
 def test_auto_learner_threads_from_measured_waiting(case, args, want):
     assert auto_learner_threads(*args) == want
+
+
+def test_the_learner_threads_note_says_what_is_true_of_oversubscribed_cores(caplog):
+    """16 rollout workers that never wait, on this node's cores: their not-waiting time is 16 process-seconds a
+    second, which is not "16.00 of 2.00 cores busy" (the time they wait for a core counts as not waiting)."""
+    import logging
+
+    cores = len(usable_cores())
+    before = torch.get_num_threads()
+    try:
+        with caplog.at_level(logging.INFO, logger="msf"):
+            LearnerThreadRetune(True, 0.0, 16 * cores, 1, 1)(30.0, [0.0, 0.0, 0.0])
+            LearnerThreadRetune(True, 0.0, 1, 1, 1)(30.0, [0.9, 0.8, 0.0])
+    finally:
+        torch.set_num_threads(before)
+    oversubscribed, fits = [r.getMessage() for r in caplog.records if "torch thread(s) from now on" in r.getMessage()]
+    assert "cores busy" not in oversubscribed and "the cores are oversubscribed" in oversubscribed, oversubscribed
+    assert f"{16 * cores} rollout and 1 inference worker(s) on {cores:.2f} cores" in oversubscribed, oversubscribed
+    assert f"the workers kept 0.30 of {cores:.2f} cores busy" in fits, fits
+
+
+@pytest.mark.parametrize("auto", [True, False])
+def test_the_learner_threads_are_retuned_once_30_s_after_the_start_and_only_when_auto(auto):
+    cores = len(usable_cores())
+    retune = LearnerThreadRetune(auto, start=100.0, rollout_workers=0, inference_workers=0, groups_per_node=1)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        retune(129.9, [0.0, 0.0, 0.0])  # too early
+        assert torch.get_num_threads() == 1
+        retune(130.0, [0.0, 0.0, 0.0])  # no worker is busy: the learner takes every core
+        assert torch.get_num_threads() == (cores if auto else 1)
+        torch.set_num_threads(1)
+        retune(200.0, [0.0, 0.0, 0.0])  # once only
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

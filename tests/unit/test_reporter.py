@@ -10,7 +10,7 @@ from msf.distributed.collectives import Collectives, tensor_checksums
 from msf.distributed.topology import RankInfo
 from msf.persistence.train_state import TrainState
 from msf.runner.pbt_round import PbtRounds
-from msf.runner.reporter import Reporter
+from msf.runner.reporter import IterationCounts, Reporter
 from msf.sampling.messages import InferenceCounters, RolloutCounters
 from msf.sampling.published_weights import PublishedWeights
 
@@ -20,7 +20,7 @@ CFG = tiny_config(
     encoder_mlp_layers=[8],
     num_workers=2,
     num_policies=2,
-    learner_threads=1,  # no retuning in the tests
+    learner_threads=1,
     with_pbt=True,
     pbt_period_env_steps=1000,
     pbt_start_mutation=0,
@@ -63,15 +63,15 @@ def test_waiting_shares_and_fps_are_measured_from_one_summary_to_the_next():
     for c in rollout:
         c.add_wait(5.0)
     inference[0].add_wait(2.5)
-    rep.learner_wait += 1.0
     state.env_steps = 2000
-    rep.note_steps()
+    rep.agreed(IterationCounts(env_steps=1000, learner_wait=1.0))
     rep.summaries()
     step, s = tb.points[-1]
     assert step == 2000
     assert (s["perf/wait_share_rollout"], s["perf/wait_share_inference"]) == (0.5, 0.25)
     assert s["perf/wait_share_learner"] == pytest.approx(0.1)
     assert s["perf/fps_since_start"] == 200.0
+    assert rep.global_stats["fps_per_rank"] == [100.0]  # this replica's 1000 steps in 10 s
     clock.t = 130.0  # the next window: 20 s, in which each rollout worker waited 2 s more, nobody else
     for c in rollout:
         c.add_wait(2.0)
@@ -112,8 +112,11 @@ def test_the_summary_holds_the_runs_figures():
     state.policies[0].returns.extend([4.0, 6.0])
     state.policies[0].lengths.extend([40, 60])
     state.env_steps, state.episodes, state.dropped_trajectories = 3000, 2, 1
-    rep.policies[1].empty_batches = 3
-    rep.policies[0].lag_max_run, rep.policies[1].lag_max_run = 2.0, 5.0
+    for _ in range(3):
+        rep.trained(1, None, {"loss": 0.5})
+    rep.trained(0, (0.0, 1.0, 2.0), {"loss": 0.1})
+    rep.trained(0, (0.0, 0.5, 1.0), {"loss": 0.2})  # the run's largest lag stays
+    rep.trained(1, (1.0, 3.0, 5.0), {"loss": 0.3})
     rep.summaries()
     s = rep.summary("done", wall=10.0)
     assert {
@@ -156,6 +159,23 @@ def test_the_summary_holds_the_runs_figures():
     assert (s["policy_lag_max_run"], s["policies"]["1"]["policy_lag_max_run"]) == (2.0, 5.0)
     assert (s["async_rl"], s["serial_mode"]) == (True, False)
     assert s["return_target_reached_at"] is None  # no --stop_at_return_mean
+    assert (s["policies"]["0"]["empty_batches"], rep.policies[0].lag, rep.policies[0].train) == (
+        0,
+        (0.0, 0.5, 1.0),
+        {"loss": 0.2},
+    )
+
+
+def test_a_return_target_is_reached_at_a_summary_and_noted_with_its_frames():
+    rep, _, state, _, _, _, _ = _setup()
+    assert not rep.reached_target(5.0)  # no summary yet: no means
+    state.policies[1].returns.extend([4.0, 6.0])
+    state.env_steps = 700
+    rep.summaries()
+    assert not rep.reached_target(None) and not rep.reached_target(5.5)
+    assert rep.target_reached_frames is None
+    state.env_steps = 800  # a later count: the summary's frames are noted
+    assert rep.reached_target(5.0) and rep.target_reached_frames == 700
 
 
 def test_the_summary_reports_the_current_lr_beside_the_configured_one():
@@ -204,25 +224,3 @@ def test_the_summary_reports_the_current_lr_beside_the_configured_one():
     assert policy["hyperparameters"]["learning_rate"] == 3e-3  # the configured one, as given
     assert policy["learning_rate_current"] == pytest.approx(3e-3 * 1.5**2)  # two minibatches moved it
     assert policy["learning_rate_current"] == state.capture(0, learner, cfg.to_dict(), 1)["lr"]
-
-
-def test_the_learner_threads_note_says_what_is_true_of_oversubscribed_cores(caplog):
-    """16 rollout workers that never wait, on this node's cores: their not-waiting time is 16 process-seconds a
-    second, which is not "16.00 of 2.00 cores busy" (the time they wait for a core counts as not waiting)."""
-    import logging
-
-    from msf.runner.reporter import retune_learner_threads
-    from msf.runtime.affinity import usable_cores
-
-    cores = len(usable_cores())
-    before = torch.get_num_threads()
-    try:
-        with caplog.at_level(logging.INFO, logger="msf"):
-            retune_learner_threads([0.0, 0.0, 0.0], 16 * cores, 1, 1)
-            retune_learner_threads([0.9, 0.8, 0.0], 1, 1, 1)
-    finally:
-        torch.set_num_threads(before)
-    oversubscribed, fits = [r.getMessage() for r in caplog.records if "torch thread(s) from now on" in r.getMessage()]
-    assert "cores busy" not in oversubscribed and "the cores are oversubscribed" in oversubscribed, oversubscribed
-    assert f"{16 * cores} rollout and 1 inference worker(s) on {cores:.2f} cores" in oversubscribed, oversubscribed
-    assert f"the workers kept 0.30 of {cores:.2f} cores busy" in fits, fits

@@ -227,7 +227,7 @@ class FixedDraws:
 
 def test_policies_are_redrawn_only_for_envs_whose_episode_ended_and_a_switch_zeros_the_core_state():
     rig = Rig(num_policies=2, use_rnn=True)
-    draws = rig.worker.rng = FixedDraws()
+    draws = rig.worker.policies.rng = FixedDraws()
     rig.worker.start()
     assert draws.sizes == [4] and (rig.buffer.slot_policy[rig.buffer.cursors[0, :, 0]] == 0).all()
     draws.value = 1
@@ -237,7 +237,7 @@ def test_policies_are_redrawn_only_for_envs_whose_episode_ended_and_a_switch_zer
         rig.step(1)
     # envs 0, 1 (split 0) and 3 (split 1) had an episode end in their trajectory; env 2 did not
     assert draws.sizes == [4, 2, 1]
-    np.testing.assert_array_equal(rig.worker.row_policy, [1, 1, 0, 1])
+    np.testing.assert_array_equal(rig.worker.policies.row, [1, 1, 0, 1])
     new = rig.buffer.cursors[0, :, 0].numpy()
     np.testing.assert_array_equal(rig.buffer.slot_policy[new].numpy(), [1, 1, 0, 1])
     rnn = rig.buffer.rnn_states
@@ -257,7 +257,7 @@ def test_finished_episodes_are_reported_as_episode_stats():
     for _ in range(T):
         rig.step(0)
         rig.step(1)
-    rig.worker.report_stats(rig.worker.last_stats)  # within the period: nothing yet
+    rig.worker.report_stats(rig.worker.episodes.taken_at)  # within the period: nothing yet
     assert rig.stats.empty()
     rig.worker.report_stats(time.monotonic() + 1.0)
     s = rig.stats.get_nowait()

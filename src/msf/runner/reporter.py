@@ -24,19 +24,30 @@ from msf.distributed.topology import RankInfo
 from msf.learning.learner import Learner
 from msf.persistence.summaries import Progress, RecentRate, TensorBoardSummaries
 from msf.persistence.train_state import TrainState
-from msf.runtime.affinity import auto_learner_threads, usable_cores
 from msf.sampling.messages import InferenceCounters, RolloutCounters
 
 log = logging.getLogger("msf")
 
 _STAGES = ("rollout", "inference", "learner")
+STARTUP_NOTE_S = 10.0  # seconds between two notes of the start-up's progress
+
+
+@dataclass
+class IterationCounts:
+    """What this replica did since the last agreement: the training loop proposes the counts to the agreement and
+    hands the whole value to :meth:`Reporter.agreed`."""
+
+    env_steps: int = 0  # taken by this replica's learners
+    episodes: int = 0
+    dropped_trajectories: int = 0
+    learner_wait: float = 0.0  # seconds the loop found no batch to train on
 
 
 @dataclass
 class PolicyReport:
-    """What the loop measured of one policy on this replica: the policy lag of its last batch (versions:
-    min, mean, max) and the largest of the run (each sample's at its first SGD step), its last training
-    iteration's statistics, and the iterations it joined the policy's collectives with no experience."""
+    """One policy on this replica (:meth:`Reporter.trained`): the policy lag of its last batch (versions: min,
+    mean, max) and the largest of the run (each sample's at its first SGD step), its last training iteration's
+    statistics, and the iterations it joined the policy's collectives with no experience."""
 
     lag: tuple[float, float, float] = (0.0, 0.0, 0.0)
     lag_max_run: float = 0.0
@@ -93,11 +104,12 @@ class Reporter:
         world: the collectives over all ranks. start_time: the run's start (on ``clock``). clock: seconds, monotonic.
 
     Attributes:
-        policies: per policy, its :class:`PolicyReport` (the loop fills them in).
+        policies: per policy, its :class:`PolicyReport` (:meth:`trained`).
         global_stats: the figures of the last summary, over all ranks (empty before the first).
         summary_frames: the frame count of the last summary (None before the first).
         target_reached_frames: the frame count of the summary whose mean return reached
-            ``--stop_at_return_mean`` (None: not reached, or no target).
+            ``--stop_at_return_mean`` (None: not reached, or no target; :meth:`reached_target`).
+        wait_shares: this replica's waiting shares (rollout, inference, learner) over the last summary's window.
     """
 
     def __init__(
@@ -123,15 +135,10 @@ class Reporter:
         self.learner_wait = 0.0  # seconds the loop spent without a batch to train on
         self.recent_steps = RecentRate(start_time, state.env_steps)
         self.wait_mark = (start_time, *self._wait_totals())
-        self.local_waits = [0.0, 0.0, 0.0]
+        self.wait_shares = [0.0, 0.0, 0.0]
         self.global_stats: dict[str, Any] = {}
         self.summary_frames: int | None = None
-        # the frame count of the summary at which --stop_at_return_mean was reached (the loop sets it)
         self.target_reached_frames: int | None = None
-        # a given number is kept; a synchronous learner has its share of the cores from the start (its workers'
-        # busy time never overlaps its own: affinity.learner_threads)
-        self.threads_tuned = cfg.learner_threads > 0 or not cfg.async_rl
-        # the start-up of this group's envs (:meth:`startup_progress`): seconds until every one had started
         self.envs_started_after_s: float | None = None
         self.startup_noted = start_time
         self.stall_watch = StallWatch(cfg.heartbeat_interval, cfg.heartbeat_reporting_interval)
@@ -143,9 +150,31 @@ class Reporter:
         return self.state.env_steps * self.derived.frameskip
 
     # --- measuring ------------------------------------------------------------------------------
-    def note_steps(self) -> None:
-        """The global count changed (after an agreement): a point of the "10 s" FPS."""
+    def agreed(self, mine: IterationCounts) -> None:
+        """An agreement has added the global counts to ``state`` (a point of the "10 s" FPS); ``mine``: what
+        this replica did since the one before."""
+        self.local_steps += mine.env_steps
+        self.learner_wait += mine.learner_wait
         self.recent_steps.note(self.clock(), self.state.env_steps)
+
+    def trained(self, policy: int, lag: tuple[float, float, float] | None, stats: dict[str, float]) -> None:
+        """``policy`` trained an iteration: ``lag`` of its batch's samples (min, mean, max; None: this replica had
+        no batch and brought an all-masked one), ``stats`` the learner's statistics."""
+        pr = self.policies[policy]
+        if lag is None:
+            pr.empty_batches += 1
+        else:
+            pr.lag, pr.lag_max_run = lag, max(pr.lag_max_run, lag[2])
+        pr.train = stats
+
+    def reached_target(self, target: float | None) -> bool:
+        """Some policy's mean return at the last summary (all-gathered: the same on every replica) reached
+        ``target`` (``--stop_at_return_mean``; None: none); its frame count is kept (``target_reached_frames``)."""
+        means = map(self.return_mean, range(len(self.policies)))
+        if target is None or not any(m is not None and m >= target for m in means):
+            return False
+        self.target_reached_frames = self.summary_frames
+        return True
 
     def fps(self) -> tuple[float, float]:
         """(global frames per second over the last ~10 s, since the start of this run)."""
@@ -183,39 +212,29 @@ class Reporter:
         counts = (max(len(self.rollout_wait), 1), max(len(self.inference_stats), 1), 1)
         return [min(1.0, (a - b) / (dt * n)) for a, b, n in zip(totals, before, counts)]
 
-    STARTUP_NOTE_S = 10.0
-
     def startup_progress(self) -> None:
         """Until every env of this device group has started (made and reset once): every 10 s, log how far the
-        start-up is; once all have, log how long it took (``envs_started_after_s`` in ``summary.json``). 160
-        ViZDoom games on 2 cores took 5 minutes to start, and nothing was printed meanwhile."""
+        start-up is (a long one would be silent otherwise); once all have, log how long it took
+        (``envs_started_after_s`` in ``summary.json``)."""
         if self.envs_started_after_s is not None:
             return
-        now, n = self.clock(), self.cfg.num_envs_per_worker
-        total = n * len(self.rollout_wait)
-        started = sum(min(c.envs_started, n) for c in self.rollout_wait)
+        now, n, counters = self.clock(), self.cfg.num_envs_per_worker, self.rollout_wait
+        total, started = n * len(counters), sum(min(c.envs_started, n) for c in counters)
         if started >= total:
-            self.envs_started_after_s = now - self.start_time
-            if self.cfg.serial_mode:  # one process: no worker was spawned
-                log.info("all %d environments started, in this process (--serial_mode)", total)
-            else:
-                log.info(
-                    "all %d environments of %d rollout worker(s) started, %.1f s after the workers were spawned",
-                    total,
-                    len(self.rollout_wait),
-                    self.envs_started_after_s,
-                )
-            return
-        if now - self.startup_noted >= self.STARTUP_NOTE_S:
+            self.envs_started_after_s = t = now - self.start_time
+            how = f"of {len(counters)} rollout worker(s) started, {t:.1f} s after the workers were spawned"
+            serial = "started, in this process (--serial_mode)"  # one process: no worker was spawned
+            log.info("all %d environments %s", total, serial if self.cfg.serial_mode else how)
+        elif now - self.startup_noted >= STARTUP_NOTE_S:
             self.startup_noted = now
             log.info(
                 "starting the environments: %d of %d made, %d started; %d of %d rollout worker(s) ready "
                 "(%.0f s since the workers were spawned)",
-                sum(min(c.envs_made, n) for c in self.rollout_wait),
+                sum(min(c.envs_made, n) for c in counters),
                 total,
                 started,
-                sum(c.envs_started >= n for c in self.rollout_wait),
-                len(self.rollout_wait),
+                sum(c.envs_started >= n for c in counters),
+                len(counters),
                 now - self.start_time,
             )
 
@@ -228,15 +247,12 @@ class Reporter:
         if stalled is None:
             return None
         workers, waited = stalled
+        sync = " (with --async_rl=False, workers that wrote their share wait for the others)"
         msg = (
             f"rollout worker(s) {', '.join(map(str, workers))} of this device group stepped no env in the last "
             f"{waited:.0f} s, while the learner waited for trajectories (--heartbeat_interval="
             f"{self.cfg.heartbeat_interval}): an env that hangs, or a machine too busy to run them"
-            + (
-                " (with --async_rl=False, workers that wrote their share wait for the others)"
-                if not self.cfg.async_rl
-                else ""
-            )
+            f"{'' if self.cfg.async_rl else sync}"
         )
         log.warning("%s", msg)
         return msg
@@ -257,7 +273,7 @@ class Reporter:
     # --- summaries ------------------------------------------------------------------------------
     def _gather(self) -> None:
         """Collective: every policy's episode statistics, FPS, policy lag and waiting shares of every replica."""
-        self.local_waits = self._wait_shares()
+        self.wait_shares = self._wait_shares()
         episodes = gather_episode_means(
             [ps.returns for ps in self.state.policies],
             [ps.lengths for ps in self.state.policies],
@@ -266,7 +282,7 @@ class Reporter:
         )
         mine = RankStats(
             self.local_fps(),
-            tuple(self.local_waits),
+            tuple(self.wait_shares),
             tuple(pr.lag for pr in self.policies),
             tuple(pr.empty_batches for pr in self.policies),
             tuple(pr.lag_max_run for pr in self.policies),
@@ -298,12 +314,10 @@ class Reporter:
         }
 
     def summaries(self, log_status: bool = True) -> None:
-        """Collective (every rank at the same agreement): gather the statistics, tune the learner's threads
-        once; rank 0 writes TensorBoard's points at the current frame count and (``log_status``) the status
-        line."""
+        """Collective (every rank at the same agreement): gather the statistics; rank 0 writes TensorBoard's
+        points at the current frame count and (``log_status``) the status line."""
         self.summary_frames = self.frames
         self._gather()
-        self._tune_learner_threads()
         if not self.rank.is_main:
             return
         recent, total = self.fps()
@@ -336,15 +350,9 @@ class Reporter:
             if self.cfg.with_pbt:
                 scalars.update({f"{pre}pbt/{k}": v for k, v in learner.hyperparameters().items()})
         if self.rank.distributed:
-            for r, (fps, (lo, mean, hi)) in enumerate(zip(gs["fps_per_rank"], gs["lag_per_rank"])):
-                scalars.update(
-                    {
-                        f"perf/fps_rank{r}": fps,
-                        f"policy_lag/rank{r}_min": lo,
-                        f"policy_lag/rank{r}_mean": mean,
-                        f"policy_lag/rank{r}_max": hi,
-                    }
-                )
+            for r, (fps, lag) in enumerate(zip(gs["fps_per_rank"], gs["lag_per_rank"])):
+                scalars[f"perf/fps_rank{r}"] = fps
+                scalars.update({f"policy_lag/rank{r}_{k}": v for k, v in zip(("min", "mean", "max"), lag)})
         return scalars
 
     def _log_status(self, recent: float, total: float) -> None:
@@ -375,17 +383,6 @@ class Reporter:
             per_policy,
         )
 
-    def _tune_learner_threads(self) -> None:
-        """``--learner_threads=0``: once, at the first summary 30 s after the start, set this replica's
-        torch threads from the waiting shares measured since the summary before (:func:`retune_learner_threads`);
-        not with ``--async_rl=False`` (see ``threads_tuned``)."""
-        if self.threads_tuned or self.clock() - self.start_time < 30.0:
-            return
-        self.threads_tuned = True
-        retune_learner_threads(
-            self.local_waits, len(self.rollout_wait), len(self.inference_stats), self.rank.nproc_per_node
-        )
-
     def close(self) -> None:
         """Close the progress bar."""
         self.progress.close()
@@ -394,42 +391,6 @@ class Reporter:
     def summary(self, status: str, wall: float) -> dict:
         """``summary.json`` (see :func:`run_summary`); ``wall``: the seconds the run took."""
         return run_summary(self, status, wall)
-
-
-def retune_learner_threads(waits: Sequence[float], n_rollout: int, n_inference: int, groups_per_node: int) -> None:
-    """Set this process's torch threads from the waiting shares (rollout, inference, learner; each in
-    ``[0, 1]``) of ``n_rollout`` rollout and ``n_inference`` inference workers, on this device group's share
-    of the node's usable cores (:func:`auto_learner_threads`), and log the choice."""
-    rollout_wait, inference_wait, learner_wait = waits
-    cores = len(usable_cores()) / groups_per_node
-    before = torch.get_num_threads()
-    after = auto_learner_threads(cores, n_rollout, rollout_wait, n_inference, inference_wait, learner_wait, before)
-    if after != before:
-        torch.set_num_threads(after)
-    log.info("learner: %s", learner_threads_note(after, before, waits, n_rollout, n_inference, cores))
-
-
-def learner_threads_note(
-    after: int, before: int, waits: Sequence[float], n_rollout: int, n_inference: int, cores: float
-) -> str:
-    """What the log says of the learner's new thread count: the workers' busy time is ``n x (1 - wait share)``
-    per kind, and it means cores only when it fits into them. When it does not (16 workers on 2 cores), the
-    time not spent waiting includes the time spent waiting for a core, and "16.52 of 2.00 cores busy" was
-    printed: then the cores are said to be oversubscribed instead."""
-    rollout_wait, inference_wait, learner_wait = waits
-    busy = n_rollout * (1 - rollout_wait) + n_inference * (1 - inference_wait)
-    if busy <= cores:
-        load = f"the workers kept {busy:.2f} of {cores:.2f} cores busy"
-    else:
-        load = (
-            f"{n_rollout} rollout and {n_inference} inference worker(s) on {cores:.2f} cores were busy or waiting "
-            f"for a core {100 * (1 - rollout_wait):.0f}% and {100 * (1 - inference_wait):.0f}% of the time: the "
-            "cores are oversubscribed"
-        )
-    return (
-        f"{after} torch thread(s) from now on, was {before} ({load}; the learner waited {100 * learner_wait:.0f}% "
-        "of the time; --learner_threads=N fixes the number)"
-    )
 
 
 def run_summary(rep: Reporter, status: str, wall: float) -> dict:
@@ -448,10 +409,9 @@ def run_summary(rep: Reporter, status: str, wall: float) -> dict:
             "policy_lag_mean": ps.get("lag_mean", pr.lag[1]),
             "policy_lag_max_run": ps.get("lag_max_run", pr.lag_max_run),
             "best_metric": c.policies[p].best_metric,
-            # the configured base (a PBT-perturbed one included) ...
+            # the configured base (a PBT-perturbed one included), and the lr the optimiser holds now, which a
+            # kl_adaptive or linear_decay schedule moves away from it (the checkpoint's "lr")
             "hyperparameters": learner.hyperparameters(),
-            # ... and the lr the optimiser holds now, which a kl_adaptive or linear_decay schedule moves away
-            # from it (the checkpoint's "lr"); reported alone, the base was mistaken for the current one
             "learning_rate_current": learner.lr,
             "empty_batches": ps.get("empty_batches", pr.empty_batches),
         }

@@ -29,7 +29,8 @@ from msf.persistence.train_state import TrainState
 from msf.runner.checkpoints import Checkpoints
 from msf.runner.episode_tally import EpisodeTally
 from msf.runner.pbt_round import PbtRounds
-from msf.runner.reporter import Reporter
+from msf.runner.reporter import IterationCounts, Reporter
+from msf.runtime.affinity import LearnerThreadRetune
 from msf.runtime.supervision import ChildDied, ComponentFailure, check_children, describe_exit, killed_children
 from msf.sampling.messages import EpisodeStats, InferenceCounters, RolloutCounters
 from msf.sampling.published_weights import PublishedWeights
@@ -163,6 +164,9 @@ class TrainingLoop:
         self.reporter = Reporter(
             cfg, derived, rank, state, learners, ch.rollout_wait, ch.inference_stats, tb, world, self.start_time
         )
+        auto_threads = cfg.learner_threads == 0 and cfg.async_rl
+        n_workers, n_inference, groups = len(ch.rollout_wait), len(ch.inference_stats), rank.nproc_per_node
+        self.retune_threads = LearnerThreadRetune(auto_threads, self.start_time, n_workers, n_inference, groups)
         # --deterministic: episodes read from the batches in env order, not from the workers' timed reports
         self.tallies = [EpisodeTally() for _ in learners] if cfg.deterministic else None
         self.checkpoints = Checkpoints(cfg, exp_dir, state, learners, rank, self.start_time)
@@ -175,7 +179,7 @@ class TrainingLoop:
         # reset, so that a signal between the read and the reset is not lost
         self.checkpoint_requests = self.checkpoint_requests_taken = 0
         self.iteration = 0
-        self.since_agreement = _Counts()
+        self.since_agreement = IterationCounts()
         self.last_summary = self.last_save = self.start_time
 
     @property
@@ -220,7 +224,6 @@ class TrainingLoop:
             # iteration past its budget.
             self.since_agreement.env_steps += taken.env_steps
             self.since_agreement.dropped_trajectories += taken.dropped
-            self.reporter.local_steps += taken.env_steps
             if self.tallies is not None and taken.batch is not None:
                 self._note_episodes(p, *self.tallies[p].add(taken.batch, taken.keys))
             batches.append(taken.batch)
@@ -245,7 +248,7 @@ class TrainingLoop:
             dropped_trajectories=c.dropped_trajectories,
             has_batch=tuple(b is not None for b in batches),
         )
-        self.since_agreement = _Counts()
+        self.since_agreement = IterationCounts()
         self.progress.entered += 1
         t0 = time.monotonic()
         try:
@@ -259,19 +262,18 @@ class TrainingLoop:
             raise
         self.progress.agreed += 1
         self.state.env_steps += d.env_steps
-        self.reporter.note_steps()
         self.state.episodes += d.episodes
         self.state.dropped_trajectories += d.dropped_trajectories
+        self.reporter.agreed(c)
         return d
 
     # --- acting -------------------------------------------------------------------------------
     def _train(self, p: int, batch: Batch, real: bool) -> None:
-        learner, report = self.learners[p], self.reporter.policies[p]
+        learner, lag = self.learners[p], None
         if real:
-            lag = (learner.policy_version - batch["policy_versions"]).float()
-            report.lag = (float(lag.min()), float(lag.mean()), float(lag.max()))
-            report.lag_max_run = max(report.lag_max_run, report.lag[2])
-        report.train = learner.train(batch, on_sgd_step=self.weights[p].publish)
+            lags = (learner.policy_version - batch["policy_versions"]).float()
+            lag = (float(lags.min()), float(lags.mean()), float(lags.max()))
+        self.reporter.trained(p, lag, learner.train(batch, on_sgd_step=self.weights[p].publish))
 
     def _train_agreed(self, d: Decision, batches: list[Batch | None]) -> None:
         """Every replica trains the same policies in the same order: those any replica has a batch for; a
@@ -280,7 +282,6 @@ class TrainingLoop:
             if d.has_batch[p] > 0:
                 learner.set_progress(self.frames / self.cfg.train_for_env_steps)
                 real = batches[p] is not None
-                self.reporter.policies[p].empty_batches += not real
                 self._train(p, batches[p] if real else self.batcher.empty_batch(), real)
                 if real:  # --async_rl=False: the workers wait for these slots, and act with the new weights
                     self.batcher.release(p)
@@ -292,21 +293,14 @@ class TrainingLoop:
         return now - self.last_summary >= self.cfg.experiment_summaries_interval
 
     def _target_reached(self) -> bool:
-        """``--stop_at_return_mean`` reached by some policy at the last summary. The same on every replica: the
-        means come from the summary's all-gather (so every replica stops after the same iteration)."""
-        target = self.cfg.stop_at_return_mean
-        if target is None:
-            return False
-        means = [self.reporter.return_mean(p) for p in range(len(self.learners))]
-        if not any(m is not None and m >= target for m in means):
-            return False
-        self.reporter.target_reached_frames = self.reporter.summary_frames
-        return True
+        """``--stop_at_return_mean`` reached by some policy at the last summary (the same on every replica)."""
+        return self.reporter.reached_target(self.cfg.stop_at_return_mean)
 
     def _summaries(self, log_status: bool = True) -> None:
-        """Collective: the reporter's summaries (``log_status``: and rank 0's status line); then rank 0 writes each
-        policy's best checkpoint if beaten."""
+        """Collective: the reporter's summaries (``log_status``: and rank 0's status line), the learner's threads
+        retuned once (``--learner_threads=0``); then rank 0 writes each policy's best checkpoint if beaten."""
         self.reporter.summaries(log_status)
+        self.retune_threads(time.monotonic(), self.reporter.wait_shares)
         if self.rank.is_main:
             for p in range(len(self.learners)):
                 self.checkpoints.save_best(p, self.reporter.return_mean(p), self.frames)
@@ -343,7 +337,7 @@ class TrainingLoop:
         idle = all(b is None for b in batches)
         self.reporter.stalled_workers(learner_waiting=idle)
         if idle and failure is None and self.stop_reason is None and not time_spent:
-            self.reporter.learner_wait += time.monotonic() - pass_start
+            self.since_agreement.learner_wait += time.monotonic() - pass_start
             return False  # nothing to agree on yet: a replica enters the agreement with a batch, or to stop
         d = self._agree(failure is not None, now, time_spent, batches)
         if d.failed:
@@ -393,12 +387,3 @@ class TrainingLoop:
         if self.reporter.summary_frames != self.frames:  # the stop's agreement may have made one at this step
             self._summaries()
         return self.stop_reason
-
-
-@dataclass
-class _Counts:
-    """What this replica counted since the last agreement."""
-
-    env_steps: int = 0
-    episodes: int = 0
-    dropped_trajectories: int = 0

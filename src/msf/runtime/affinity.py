@@ -1,6 +1,7 @@
 """Cores, threads and priorities: pinning rollout workers to CPU cores (``--set_workers_cpu_affinity``,
 Sample Factory's flag), the processes' niceness (``--default_niceness``, Sample Factory's flag and
-offsets) and the learner's torch threads (``--learner_threads``).
+offsets) and the learner's torch threads (``--learner_threads``: at the start, and once more from the measured
+load: :class:`LearnerThreadRetune`).
 
 A simulator such as ViZDoom runs its game engine in a thread of the worker's process; when the process
 floats, the engine and the Python loop bounce between cores and the env loop runs at about half speed.
@@ -10,7 +11,11 @@ learner are not pinned: they use whatever cores are free.
 
 from __future__ import annotations
 
+import logging
 import os
+from typing import Sequence
+
+log = logging.getLogger("msf")
 
 
 def usable_cores() -> list[int]:
@@ -62,8 +67,7 @@ def raise_niceness(increment: int) -> int:
 
     On an oversubscribed machine this lets the learner, when it is the bottleneck, keep its core: without
     it a worker woken on the learner's core preempts the learner, and Linux does not move the cache-hot
-    learner to the idle core (doom_basic on 2 cores: 17% of the CPU time idle, against 2% with the workers
-    at +10).
+    learner to the idle core.
     """
     if not hasattr(os, "nice"):
         return 0
@@ -103,9 +107,7 @@ def learner_threads(
     workers holds one, shared by the node's ``nproc_per_node`` replicas, and at least 1.
 
     ``synchronous`` (``--async_rl=False``): the replica's whole share of the cores, at least 1. The workers wait
-    while the learner trains, so the cores they hold during collection are idle during training: atari_pong
-    with Sample Factory's Atari arguments on 2 cores, 894 frames/s with 2 threads against 728 with the 1 the
-    asynchronous rule gives (benchmarks/README.md, 2026-12-03)."""
+    while the learner trains, so the cores they hold during collection are idle during training."""
     if learner_threads_flag > 0:
         return learner_threads_flag
     if synchronous:
@@ -125,10 +127,9 @@ def auto_learner_threads(
     """The learner's torch threads chosen from what the workers were measured to use (``--learner_threads=0``).
 
     The start rule assumes every worker keeps a core busy. With pixel envs on few cores they mostly wait for
-    the learner (atari_pong on 2 cores: rollout workers wait 88%, the inference worker 76%, the learner 0%),
-    and the idle share is wasted. The workers' busy cores are ``n x (1 - wait share)`` per kind; the learner
-    gets what is left of its share of the node, rounded to whole threads, at least 1. A learner that waits for
-    trajectories more than 10% of the time is not the bottleneck, and keeps ``current``.
+    the learner, and the idle share is wasted. The workers' busy cores are ``n x (1 - wait share)`` per kind;
+    the learner gets what is left of its share of the node, rounded to whole threads, at least 1. A learner
+    that waits for trajectories more than 10% of the time is not the bottleneck, and keeps ``current``.
 
     Args:
         cores: this replica's share of the node's usable cores (cores / nproc_per_node).
@@ -143,3 +144,58 @@ def auto_learner_threads(
         return current
     spare = cores - rollout_workers * (1.0 - rollout_wait) - inference_workers * (1.0 - inference_wait)
     return int(max(1, min(int(cores), int(spare + 0.5))))
+
+
+class LearnerThreadRetune:
+    """``--learner_threads=0`` with ``--async_rl`` (``auto``): once, at the first call 30 s after ``start``, set this
+    process's torch threads from the waiting shares measured meanwhile (:func:`auto_learner_threads` on this
+    device group's share of the node's usable cores), and log the choice. Otherwise the start's number is kept:
+    a given one, or a synchronous learner's, which has its share of the cores from the start
+    (:func:`learner_threads`).
+
+    Args:
+        auto: retune once. start: the clock at the start (s). rollout_workers, inference_workers: this replica's.
+        groups_per_node: device groups sharing the node's cores.
+    """
+
+    def __init__(self, auto: bool, start: float, rollout_workers: int, inference_workers: int, groups_per_node: int):
+        self.due, self.start, self.after_s = auto, start, 30.0
+        self.workers, self.groups_per_node = (rollout_workers, inference_workers), groups_per_node
+
+    def __call__(self, now: float, waits: Sequence[float]) -> None:
+        """``now``: the clock (s); ``waits``: this replica's waiting shares (rollout, inference, learner; each in
+        ``[0, 1]``) over the last window."""
+        if not self.due or now - self.start < self.after_s:
+            return
+        import torch  # here only: the rest of this module serves processes that need no torch
+
+        self.due = False
+        (n_rollout, n_inference), (rollout_wait, inference_wait, learner_wait) = self.workers, waits
+        cores = len(usable_cores()) / self.groups_per_node
+        before = torch.get_num_threads()
+        after = auto_learner_threads(cores, n_rollout, rollout_wait, n_inference, inference_wait, learner_wait, before)
+        if after != before:
+            torch.set_num_threads(after)
+        log.info("learner: %s", learner_threads_note(after, before, waits, n_rollout, n_inference, cores))
+
+
+def learner_threads_note(
+    after: int, before: int, waits: Sequence[float], n_rollout: int, n_inference: int, cores: float
+) -> str:
+    """What the log says of the learner's new thread count: the workers' busy time is ``n x (1 - wait share)``
+    per kind, and it means cores only when it fits into them. When it does not, the time not spent waiting
+    includes the time spent waiting for a core: then the cores are said to be oversubscribed instead."""
+    rollout_wait, inference_wait, learner_wait = waits
+    busy = n_rollout * (1 - rollout_wait) + n_inference * (1 - inference_wait)
+    if busy <= cores:
+        load = f"the workers kept {busy:.2f} of {cores:.2f} cores busy"
+    else:
+        load = (
+            f"{n_rollout} rollout and {n_inference} inference worker(s) on {cores:.2f} cores were busy or waiting "
+            f"for a core {100 * (1 - rollout_wait):.0f}% and {100 * (1 - inference_wait):.0f}% of the time: the "
+            "cores are oversubscribed"
+        )
+    return (
+        f"{after} torch thread(s) from now on, was {before} ({load}; the learner waited {100 * learner_wait:.0f}% "
+        "of the time; --learner_threads=N fixes the number)"
+    )

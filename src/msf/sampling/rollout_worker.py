@@ -11,7 +11,6 @@ from __future__ import annotations
 import collections
 import logging
 import os
-import queue
 import time
 from multiprocessing.connection import wait
 from typing import Any, Callable
@@ -24,6 +23,7 @@ from msf.runtime.affinity import ROLLOUT_NICENESS, pin_this_process, raise_nicen
 from msf.runtime.supervision import parent_alive
 from msf.sampling.messages import EpisodeStats, FullTrajectories
 from msf.sampling.protocol import EnvSplit, RolloutWorkerSpec
+from msf.sampling.rollout_state import PolicyDraw, RunningEpisodes, SlotPool, SyncQuota
 
 log = logging.getLogger("msf")
 
@@ -38,7 +38,8 @@ class Stopped(Exception):
 
 
 class RolloutWorker:
-    """State of one rollout worker (see module docstring), and its steps.
+    """One rollout worker (see the module docstring): it moves data between its envs and the trajectory buffer;
+    its values (:mod:`msf.sampling.rollout_state`) say where and when: ``slots``, ``episodes``, ``policies``, ``quota``.
 
     Driven by :meth:`run` in its own process (pipes to the inference workers), or step by step from
     outside, in one process: :meth:`start`, then :meth:`on_reply` for each answer an inference worker
@@ -60,33 +61,31 @@ class RolloutWorker:
         make_split: Callable[..., EnvSplit] = make_split,
         send_request: Callable[[int, int], None] | None = None,
     ):
-        cfg, derived, index, buffer = spec.cfg, spec.derived, spec.index, spec.buffer
-        self.cfg, self.index, self.conns = cfg, index, list(spec.conns)
-        self.counters = spec.counters
-        self.full_queue, self.free_queue, self.stats_queue = spec.full_queue, spec.free_queue, spec.stats_queue
+        cfg, derived, index = spec.cfg, spec.derived, spec.index
+        self.index, self.conns, self.counters = index, list(spec.conns), spec.counters
+        self.full_queue, self.stats_queue = spec.full_queue, spec.stats_queue
         self.stop_event, self.parent_pid = spec.stop_event, spec.parent_pid
         self.send_request = self._send_on_pipe if send_request is None else send_request
-        self.T = cfg.rollout
-        # rows: one per agent of each env (env e's agents are rows e * A .. e * A + A - 1)
-        self.E = cfg.num_envs_per_worker * derived.num_agents
-        self.eps = derived.agents_per_split
-        b = buffer.numpy_views()
+        self.T, self.E, self.eps = cfg.rollout, cfg.num_envs_per_worker * derived.num_agents, derived.agents_per_split
+        b = spec.buffer.numpy_views()
         self.obs, self.rewards, self.dones = b["obs"], b["rewards"], b["dones"]
         self.time_outs, self.actions, self.cursors = b["time_outs"], b["actions"], b["cursors"][index]
         self.rnn_states = b["rnn_states"] if b["rnn_states"].shape[-1] else None
-        self.slot_policy, self.slot_key = b["slot_policy"], b["slot_key"]
-        self.obs_dtype = self.obs.dtype
-        first = index * derived.slots_per_worker
-        self.free_slots = collections.deque(range(first, first + derived.slots_per_worker))
+        self.slot_policy, self.obs_dtype = b["slot_policy"], self.obs.dtype
         seed = cfg.seed if cfg.seed is not None else int(np.random.SeedSequence().entropy % (2**31))
-        # One EnvSplit per split: envs [lo, hi) of this worker. The indices the envs see are the job's, not the
-        # device group's: every rank used to give its envs worker_index 0.. and env_index 0.., so an env that
-        # picks a level or seeds itself from them did the same on every rank.
-        n_env, e_split = cfg.num_envs_per_worker, derived.envs_per_split
-        job_index = spec.first_worker + index
-        self.first_row = job_index * self.E  # job-wide index of row 0 (the same on 1 or N device groups)
-        self.trajectories = np.zeros(self.E, dtype=np.int64)  # per row, trajectories started so far
-        self.splits: list[EnvSplit] = []
+        # The indices the envs see are the job's, not the device group's, so that an env that picks a level or
+        # seeds itself from them differs from rank to rank.
+        job_index, n_env, e_split = spec.first_worker + index, cfg.num_envs_per_worker, derived.envs_per_split
+        first = index * derived.slots_per_worker
+        self.slots = SlotPool(
+            range(first, first + derived.slots_per_worker), b["slot_key"], spec.free_queue, job_index * self.E, self.E
+        )
+        self.episodes = RunningEpisodes(self.E, time.monotonic())
+        rng = np.random.default_rng([seed, index, 7])
+        self.policies = PolicyDraw(cfg.num_policies, derived.num_agents, self.E, cfg.pbt_mix_policies_in_one_env, rng)
+        self.quota = SyncQuota(derived.sync_rollouts, cfg.worker_num_splits)
+        self.waiting = np.zeros(cfg.worker_num_splits, dtype=np.int64)  # replies still due per split
+        self.splits: list[EnvSplit] = []  # one per split: envs [lo, hi) of this worker
         try:
             for s in range(cfg.worker_num_splits):
                 envs = [job_index * n_env + e for e in range(s * e_split, (s + 1) * e_split)]
@@ -96,80 +95,54 @@ class RolloutWorker:
             raise
         space = self.splits[0].action_space
         self.action_bounds = (space.low, space.high) if hasattr(space, "low") else None
-        self.ep_return = np.zeros(self.E, dtype=np.float64)
-        self.ep_len = np.zeros(self.E, dtype=np.int64)
-        self.done_returns: list[float] = []
-        self.done_lengths: list[int] = []
-        self.done_policies: list[int] = []
-        self.last_stats = time.monotonic()
-        # which policy drives each row: drawn at the start, and again at the first trajectory boundary
-        # after an episode of the row's env ended (so a trajectory is one policy's)
-        self.P = cfg.num_policies
-        self.A = derived.num_agents
-        self.rng = np.random.default_rng([seed, index, 7])
-        self.row_policy = np.zeros(self.E, dtype=np.int64)
-        self.episode_ended = np.zeros(self.E, dtype=bool)  # since the row's trajectory started
-        self.waiting = np.zeros(cfg.worker_num_splits, dtype=np.int64)  # replies still due per split
-        # --async_rl=False: each split writes `sync` trajectories per row (its quota), then is parked (its quota
-        # at 0: it asks for no actions) until the learner has trained on them and returns their slots
-        self.sync = derived.sync_rollouts
-        self.quota = np.full(cfg.worker_num_splits, self.sync, dtype=np.int64)
 
     def _env_made(self, stage: str) -> None:
         """After each env is made (``stage`` "made") and after its first reset ("started": a ViZDoom engine
         starts then): count it (the training loop reports the start-up's progress) and stop the start-up if the
-        run is stopping. Starting a worker's envs can take minutes (160 ViZDoom games on 2 cores took 5): the
-        worker used to check the stop event only once all had started, so a run stopped or ended meanwhile
-        waited for them, and killed the worker mid-start when its stop budget ran out, leaving its engines
-        behind."""
+        run is stopping, so that a run stopped during a long start-up does not wait for every env."""
         self.counters.add_env(stage)
         self._check_stop()
 
-    def _take_slot(self) -> int:
-        """A free slot of this worker; blocks (back-pressure from the learner) until one is returned."""
-        if not self.free_slots:
-            t0 = time.monotonic()
-            while not self.take_returned_slots(timeout=0.5):
-                self._check_stop()
-            self.counters.add_wait(time.monotonic() - t0)
-        return self.free_slots.popleft()
+    @property
+    def free_slots(self) -> collections.deque[int]:
+        """The worker's free slots (``slots.free``)."""
+        return self.slots.free
 
-    def _give(self, slot: int, row: int) -> None:
-        """``slot`` now holds ``row``'s next trajectory: its key (job-wide row, the row's trajectory count),
-        by which ``--deterministic`` orders a training batch."""
-        self.slot_key[slot] = ((self.first_row + row) << 32) | int(self.trajectories[row])
-        self.trajectories[row] += 1
+    def _take_slot(self, row: int) -> int:
+        """A free slot for ``row``'s next trajectory, once there is one (:meth:`_wait_for_slots`)."""
+        if not self.slots.free:
+            self._wait_for_slots()
+        return self.slots.take(row)
+
+    def _wait_for_slots(self) -> None:
+        """Block until the learner returns slots (back-pressure), counted as waiting. Raises :class:`Stopped`."""
+        t0 = time.monotonic()
+        while not self.slots.take_returned(timeout=0.5):
+            self._check_stop()
+        self.counters.add_wait(time.monotonic() - t0)
 
     def take_returned_slots(self, timeout: float | None) -> bool:
         """Take every :class:`~msf.sampling.messages.SlotsReturned` on ``free_queue`` into the free slots,
         waiting up to ``timeout`` seconds for the first (None: not at all). True when any came."""
-        got = False
-        while True:
-            try:
-                msg = self.free_queue.get(timeout=timeout) if timeout and not got else self.free_queue.get_nowait()
-            except queue.Empty:
-                return got
-            self.free_slots.extend(msg.slots)
-            got = True
+        return self.slots.take_returned(timeout)
 
     def slots_short(self, split: int) -> int:
         """How many more free slots the next :meth:`step_split` of ``split`` needs than the worker has: the rows
         that reach ``rollout`` steps with it each need a new one (0: it can step without waiting)."""
         lo, hi = split * self.eps, (split + 1) * self.eps
-        return max(0, int((self.cursors[lo:hi, 1] == self.T - 1).sum()) - len(self.free_slots))
+        return max(0, int((self.cursors[lo:hi, 1] == self.T - 1).sum()) - len(self.slots.free))
 
     @property
     def all_parked(self) -> bool:
         """``--async_rl=False``: every split has written its trajectories of this iteration and waits for the
         learner (:meth:`resume`)."""
-        return bool(self.sync) and not self.quota.any()
+        return self.quota.all_parked
 
     def resume(self) -> bool:
         """``--async_rl=False``: once the learner has returned the slots of this iteration's trajectories (it
         trained on them), every parked split asks for actions again, with the weights it published since.
         True when some split was parked."""
-        parked = np.nonzero(self.quota == 0)[0].tolist() if self.sync else []
-        self.quota[:] = self.sync
+        parked = self.quota.resume()
         for split in parked:
             self.request(split)
         return bool(parked)
@@ -186,18 +159,6 @@ class RolloutWorker:
         if self.stop_event.is_set() or not parent_alive(self.parent_pid):
             raise Stopped
 
-    def _draw_policies(self, rows: np.ndarray) -> None:
-        """New policies for ``rows`` (whole envs' rows): one per agent with ``pbt_mix_policies_in_one_env``,
-        else one per env (Sample Factory's mapping)."""
-        if self.P == 1 or not len(rows):
-            return
-        if self.cfg.pbt_mix_policies_in_one_env:
-            self.row_policy[rows] = self.rng.integers(self.P, size=len(rows))
-        else:
-            envs = np.unique(rows // self.A)
-            drawn = dict(zip(envs.tolist(), self.rng.integers(self.P, size=len(envs)).tolist()))
-            self.row_policy[rows] = [drawn[r // self.A] for r in rows.tolist()]
-
     def start(self) -> None:
         """Draw every row's policy, reset every env (seeded), give every row a slot with its first
         observation at step 0 (and a zero core state), and request actions for every split.
@@ -205,23 +166,23 @@ class RolloutWorker:
         Raises:
             Stopped: the stop event was set while waiting for a free slot.
         """
-        self._draw_policies(np.arange(self.E))
+        self.policies.draw(np.arange(self.E))
         for split, envs in enumerate(self.splits):
             for i, obs in enumerate(envs.reset()):
                 e = split * self.eps + i
-                slot = self._take_slot()
-                self._give(slot, e)
+                slot = self._take_slot(e)
                 self.cursors[e] = (slot, 0)
-                self.slot_policy[slot] = self.row_policy[e]
+                self.slot_policy[slot] = self.policies.row[e]
                 self.obs[slot, 0] = obs
                 if self.rnn_states is not None:
                     self.rnn_states[slot, 0] = 0.0
-        for split in range(self.cfg.worker_num_splits):
+        for split in range(len(self.splits)):
             self.request(split)
 
     def on_reply(self, split: int) -> bool:
         """One policy's inference worker has written the actions of ``split``'s rows: once every policy of
-        the split has, step it (:meth:`step_split`) and request its next actions (:meth:`request`).
+        the split has, step it (:meth:`step_split`) and request its next actions (:meth:`request`), unless it
+        is parked (:meth:`resume`).
 
         Returns:
             True when the split was stepped.
@@ -233,7 +194,7 @@ class RolloutWorker:
         if self.waiting[split]:
             return False
         self.step_split(split)
-        if not (self.sync and self.quota[split] == 0):  # a parked split waits for resume()
+        if not self.quota.parked(split):
             self.request(split)
         return True
 
@@ -242,13 +203,8 @@ class RolloutWorker:
 
         For each row at cursor ``(slot, t)``: reward, done and time-out at ``[slot, t]``, the next observation
         at ``obs[slot, t + 1]`` (a zero core state there after an episode end); the cursor moves to ``t + 1``.
-        A row that reached ``t = T`` (rollout) is announced on ``full_queue`` (one message per step for all
-        such rows), redraws its policy if its env's episode ended during the trajectory (several policies),
-        and moves to ``(new slot, 0)``, where it starts with the bootstrap row ``obs[slot, T]`` and the core
-        state ``rnn_states[slot, T]`` (zeros if the row's policy changed). Finished episodes are kept for
-        :meth:`report_stats`. With ``--async_rl=False``, a split whose rows have written their
-        ``sync_rollouts`` trajectories of this iteration is parked (its ``quota`` is 0): :meth:`on_reply` asks for
-        no actions for it until :meth:`resume`.
+        Rows that reach ``t = T`` (rollout) start their next trajectories (:meth:`_next_trajectories`).
+        Finished episodes are kept for :meth:`report_stats`.
 
         Raises:
             Stopped: the stop event was set while waiting for a free slot.
@@ -262,55 +218,43 @@ class RolloutWorker:
         next_obs, rew, term, trunc = self.splits[split].step(actions)
         self.counters.add_step()
         ended = term | trunc
-        done = ended.astype(np.uint8)
-        tout = (trunc & ~term).astype(np.uint8)
-        self.ep_return[lo:hi] += rew
-        self.ep_len[lo:hi] += 1
-        for i in np.nonzero(ended)[0]:
-            self.done_returns.append(float(self.ep_return[lo + i]))
-            self.done_lengths.append(int(self.ep_len[lo + i]))
-            self.done_policies.append(int(self.row_policy[lo + i]))
-        self.episode_ended[lo:hi] |= ended
-        self.ep_return[lo:hi][ended] = 0.0
-        self.ep_len[lo:hi][ended] = 0
+        self.episodes.add(lo, rew, ended, self.policies.row)
+        self.policies.episode_ended[lo:hi] |= ended
         self.rewards[slots, ts] = rew
-        self.dones[slots, ts] = done
-        self.time_outs[slots, ts] = tout
+        self.dones[slots, ts] = ended
+        self.time_outs[slots, ts] = trunc & ~term
         ts += 1
         self.obs[slots, ts] = np.asarray(next_obs, dtype=self.obs_dtype)
-        if self.rnn_states is not None:
-            ended = np.nonzero(done)[0]
-            if len(ended):
-                # a new episode starts with a zero state (the inference worker wrote the old one's)
-                self.rnn_states[slots[ended], ts[ended]] = 0.0
+        if self.rnn_states is not None and ended.any():
+            # a new episode starts with a zero state (the inference worker wrote the old one's)
+            self.rnn_states[slots[ended], ts[ended]] = 0.0
         full = np.nonzero(ts == self.T)[0]
         if len(full):
-            self.full_queue.put(FullTrajectories(self.index, slots[full].tolist()))
-            if self.P > 1:
-                # rows of one env reach the boundary together (they step together), so whole envs redraw
-                redraw = lo + full[self.episode_ended[lo + full]]
-                before = self.row_policy[lo + full].copy()
-                self._draw_policies(redraw)
-                self.episode_ended[lo + full] = False
-            for k, i in enumerate(full):
-                new = self._take_slot()
-                self._give(new, lo + i)
-                self.obs[new, 0] = self.obs[slots[i], self.T]
-                self.slot_policy[new] = self.row_policy[lo + i]
-                if self.rnn_states is not None:
-                    switched = self.P > 1 and self.row_policy[lo + i] != before[k]
-                    # another policy's core state means nothing to this one: it starts from zeros
-                    self.rnn_states[new, 0] = 0.0 if switched else self.rnn_states[slots[i], self.T]
-                slots[i], ts[i] = new, 0
-            if self.sync:  # the split's rows started together, so they reach the boundary together
-                self.quota[split] -= 1
+            self._next_trajectories(split, slots, ts, full)
         cur[:, 0], cur[:, 1] = slots, ts
+
+    def _next_trajectories(self, split: int, slots: np.ndarray, ts: np.ndarray, full: np.ndarray) -> None:
+        """The rows ``full`` of ``split`` (indices into its ``slots`` and ``ts``) reached ``t = T``: announce their
+        slots on ``full_queue`` (one message), redraw their policies (:meth:`PolicyDraw.at_boundary`), spend the
+        split's quota, and move each to ``(new slot, 0)``, where it starts with the bootstrap row
+        ``obs[slot, T]`` and the core state ``rnn_states[slot, T]`` (zeros if the row's policy changed: another
+        policy's core state means nothing to this one)."""
+        self.full_queue.put(FullTrajectories(self.index, slots[full].tolist()))
+        rows = split * self.eps + full
+        switched = self.policies.at_boundary(rows)
+        for k, (i, row) in enumerate(zip(full.tolist(), rows.tolist())):
+            new = self._take_slot(row)
+            self.obs[new, 0] = self.obs[slots[i], self.T]
+            self.slot_policy[new] = self.policies.row[row]
+            if self.rnn_states is not None:
+                self.rnn_states[new, 0] = 0.0 if switched[k] else self.rnn_states[slots[i], self.T]
+            slots[i], ts[i] = new, 0
+        self.quota.spend(split)
 
     def request(self, split: int) -> None:
         """Ask the inference worker of every policy that drives a row of ``split`` for its actions
         (``send_request``); :meth:`on_reply` steps the split once all of them have answered."""
-        lo, hi = split * self.eps, (split + 1) * self.eps
-        policies = np.unique(self.row_policy[lo:hi]).tolist() if self.P > 1 else (0,)
+        policies = self.policies.of_rows(split * self.eps, (split + 1) * self.eps)
         self.waiting[split] = len(policies)
         for p in policies:
             self.send_request(p, split)
@@ -322,10 +266,9 @@ class RolloutWorker:
         """Put the episodes finished since the last report on ``stats_queue`` as one :class:`EpisodeStats`,
         if any finished and the last report is more than ``period_s`` seconds older than ``now``
         (``time.monotonic()`` seconds)."""
-        if self.done_returns and now - self.last_stats > period_s:
-            self.stats_queue.put(EpisodeStats(self.index, self.done_returns, self.done_lengths, self.done_policies))
-            self.done_returns, self.done_lengths, self.done_policies = [], [], []
-            self.last_stats = now
+        done = self.episodes.take(now, period_s)
+        if done is not None:
+            self.stats_queue.put(EpisodeStats(self.index, *done))
 
     def run(self) -> None:
         """Sample until the stop event is set or the parent process is gone."""
@@ -334,10 +277,7 @@ class RolloutWorker:
             last_reply = time.monotonic()
             while True:
                 if self.all_parked:  # --async_rl=False: the learner trains on what the splits wrote
-                    t0 = time.monotonic()
-                    while not self.take_returned_slots(timeout=0.5):
-                        self._check_stop()
-                    self.counters.add_wait(time.monotonic() - t0)
+                    self._wait_for_slots()
                     self.resume()
                     last_reply = time.monotonic()
                     continue
