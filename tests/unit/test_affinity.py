@@ -10,6 +10,7 @@ from msf.runtime.affinity import (
     LearnerThreadRetune,
     auto_learner_threads,
     learner_threads,
+    usable_cores,
     worker_cores,
 )
 
