@@ -381,9 +381,9 @@ def sampler_fps(flags: list[str], seconds: float, warmup: float, breakdown: dict
     from msf.cfg.config import Derived
     from msf.envs.registry import env_spaces
     from msf.model.actor_critic import ActorCritic
-    from msf.runner.device_group import _start_workers
-    from msf.runtime.supervision import CTX, stop_children
     from msf.sampling.messages import SlotsReturned
+    from msf.sampling.plan import DeviceGroup
+    from msf.sampling.process_sampler import ProcessSampler
     from msf.sampling.published_weights import PublishedWeights
     from msf.sampling.trajectory_buffer import TrajectoryBuffer
 
@@ -393,8 +393,7 @@ def sampler_fps(flags: list[str], seconds: float, warmup: float, breakdown: dict
     weights = PublishedWeights(model)
     weights.publish(model, 0)
     buffer = TrajectoryBuffer.allocate(cfg, derived, spaces)
-    stop = CTX.Event()
-    ch = _start_workers(cfg, derived, spaces, buffer, [weights] * cfg.num_policies, "cpu", stop)
+    ch = ProcessSampler(cfg, derived, spaces, DeviceGroup(buffer, [weights] * cfg.num_policies))
     steps, t_start, t_end = 0, None, time.monotonic() + warmup + seconds + 60
     names = {p.pid: p.name for p in ch.procs}
     try:
@@ -416,8 +415,7 @@ def sampler_fps(flags: list[str], seconds: float, warmup: float, breakdown: dict
                         breakdown["wall_s"] = (time.monotonic() - t_start, 0.0, 0.0)
                     break
     finally:
-        stop.set()
-        stop_children(ch.procs)
+        ch.close()
     return steps / (time.monotonic() - t_start)
 
 

@@ -270,7 +270,7 @@ def test_finished_episodes_are_reported_as_episode_stats():
 def test_waiting_for_a_free_slot_ends_with_stopped_when_the_stop_event_is_set():
     rig = Rig()
     rig.worker.start()
-    rig.worker.free_slots.clear()
+    rig.worker.slots.free.clear()
     rig.stop.set()
     for _ in range(T - 1):
         rig.step(0)

@@ -1,12 +1,11 @@
 """One device group's sampling in one process: a real trajectory buffer, a rollout worker on CartPole-v1 and
-an inference worker, stepped in turn by a small driver without pipes; the buffer is then checked against
-an independent replay (plain gymnasium envs seeded alike, stepped with the recorded actions, and the
-policy's own forward pass)."""
+an inference worker, stepped in turn by the serial sampler (the production wiring, without pipes); the buffer
+is then checked against an independent replay (plain gymnasium envs seeded alike, stepped with the recorded
+actions, and the policy's own forward pass)."""
 
 from __future__ import annotations
 
 import queue
-import threading
 
 import gymnasium as gym
 import numpy as np
@@ -17,60 +16,22 @@ from msf.cfg.arguments import parse_args
 from msf.cfg.config import Derived
 from msf.envs.registry import env_spaces
 from msf.model.actor_critic import ActorCritic
-from msf.sampling.inference_worker import InferenceWorker
-from msf.sampling.messages import FullTrajectories, RolloutCounters
-from msf.sampling.protocol import RolloutWorkerSpec
+from msf.sampling.messages import FullTrajectories
+from msf.sampling.plan import DeviceGroup
 from msf.sampling.published_weights import PublishedWeights
-from msf.sampling.rollout_worker import RolloutWorker
+from msf.sampling.serial import SerialSampler
 from msf.sampling.trajectory_buffer import TrajectoryBuffer
 
 T, ENVS, SEED = 8, 4, 5
 
 
-class SerialSampler:
-    """Rollout worker 0 and policy 0's inference worker of one device group, in this process: the rollout
-    worker's requests are collected in a list instead of sent on a pipe; :meth:`round` serves them all in
-    one batch and hands the replies back."""
-
-    def __init__(self, cfg, derived, spaces, buffer, weights):
-        self.full_queue, self.free_queue, self.stats_queue = queue.Queue(), queue.Queue(), queue.Queue()
-        stop = threading.Event()
-        self.requests: list[int] = []
-        self.rollout = RolloutWorker(
-            RolloutWorkerSpec(
-                cfg=cfg,
-                derived=derived,
-                index=0,
-                buffer=buffer,
-                conns=[],
-                full_queue=self.full_queue,
-                free_queue=self.free_queue,
-                stats_queue=self.stats_queue,
-                stop_event=stop,
-                parent_pid=None,
-                counters=RolloutCounters(),
-            ),
-            send_request=lambda policy, split: self.requests.append(split),
-        )
-        self.inference = InferenceWorker.in_process(cfg, derived, spaces, buffer, weights, stop_event=stop)
-
-    def start(self) -> None:
-        self.rollout.start()
-
-    def round(self) -> None:
-        """One env step of every row: serve every pending request, then step each split."""
-        requests, self.requests = self.requests, []
-        self.inference.serve([(0, split) for split in requests])
-        for split in requests:
-            assert self.rollout.on_reply(split)
-
-    def announced(self) -> list[FullTrajectories]:
-        out = []
-        while True:
-            try:
-                out.append(self.full_queue.get_nowait())
-            except queue.Empty:
-                return out
+def _announced(sampler: SerialSampler) -> list[FullTrajectories]:
+    out = []
+    while True:
+        try:
+            out.append(sampler.full_queue.get_nowait())
+        except queue.Empty:
+            return out
 
 
 @pytest.mark.parametrize("use_rnn", [False, True])
@@ -95,21 +56,22 @@ def test_serial_sampling_matches_an_independent_replay(use_rnn):
     models = {3: ActorCritic(cfg, spaces).eval(), 5: ActorCritic(cfg, spaces).eval()}
     weights = PublishedWeights(models[3])
     weights.publish(models[3], 3)
-    sampler = SerialSampler(cfg, derived, spaces, buffer, weights)
-    sampler.start()
+    sampler = SerialSampler(cfg, derived, spaces, DeviceGroup(buffer, [weights]))
+    assert sampler.advance()  # the first round starts the workers: every split asks for its first actions
     rounds, switch = 6 * T + 3, 3 * T + 1  # a few trajectories per env; the learner publishes version 5 midway
     chains = [[int(s)] for s in buffer.cursors[0, :, 0]]  # each row's slots, in the order it filled them
     for r in range(rounds):
         if r == switch:
             weights.publish(models[5], 5)
-        sampler.round()
+        # one env step of every row: every request served, then every split stepped (none waits for a slot)
+        assert sampler.advance() and not sampler.deferred
         for e, s in enumerate(buffer.cursors[0, :, 0].tolist()):
             if s != chains[e][-1]:
                 chains[e].append(s)
     assert all(len(c) == rounds // T + 1 for c in chains)
     assert all((buffer.cursors[0, :, 1] == rounds % T).tolist())
     # exactly the slots that filled were announced, each once, in one message per split and boundary
-    msgs = sampler.announced()
+    msgs = _announced(sampler)
     assert all(m.worker == 0 for m in msgs) and len(msgs) == 2 * (rounds // T)
     announced = [s for m in msgs for s in m.slots]
     assert sorted(announced) == sorted(s for c in chains for s in c[:-1])

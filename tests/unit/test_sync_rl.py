@@ -13,6 +13,7 @@ from msf.cfg.validation import ConfigError, check_sync
 from msf.envs.registry import env_spaces
 from msf.learning.batcher import Batcher
 from msf.model.actor_critic import ActorCritic
+from msf.sampling.plan import DeviceGroup
 from msf.sampling.published_weights import PublishedWeights
 from msf.sampling.serial import SerialSampler
 from msf.sampling.trajectory_buffer import TrajectoryBuffer
@@ -41,7 +42,7 @@ def _setup(cfg):
     model = ActorCritic(cfg, spaces).eval()
     weights = PublishedWeights(model)
     weights.publish(model, 0)
-    sampler = SerialSampler(cfg, derived, spaces, buffer, [weights], "cpu", stop_event=_NeverSet())
+    sampler = SerialSampler(cfg, derived, spaces, DeviceGroup(buffer, [weights]))
     batcher = Batcher(
         buffer,
         sampler.full_queue,
@@ -52,11 +53,6 @@ def _setup(cfg):
         hold_slots=not cfg.async_rl,
     )
     return derived, buffer, model, weights, sampler, batcher
-
-
-class _NeverSet:
-    def is_set(self) -> bool:
-        return False
 
 
 def _next_batch(sampler, batcher, version, limit=10_000):
@@ -117,7 +113,7 @@ def test_the_first_iteration_waits_for_every_env_of_the_round():
     assert batch["rewards"].shape == (8, 8)
     assert rounds >= cfg.rollout
     assert (buffer.cursors[:, :, 1] == 0).all()
-    assert all(w.all_parked for w in sampler.rollout)
+    assert all(w.quota.all_parked for w in sampler.rollout)
 
 
 @pytest.mark.parametrize("accumulate", [1, 0])

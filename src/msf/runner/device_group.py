@@ -2,7 +2,7 @@
 
 ::
 
-    rollout worker w --(pipe: split byte)--> inference worker (w % P) --(pipe: split byte)--> rollout worker w
+    rollout worker w --(pipe: split byte)--> inference worker (w % K) --(pipe: split byte)--> rollout worker w
           |  writes obs/rewards/dones                    |  writes actions/log-probs/versions
           v                                              v
                       trajectory buffer (shared memory, one per device group)
@@ -13,18 +13,16 @@
           +--> checkpoints, TensorBoard, summary.json (rank 0)
 
 Back-pressure: a rollout worker with no free slot waits for the learner to return one.
-Stop: the main process sets ``stop_event``; every child polls it at least every 0.5 s.
+Stop: the sampler sets its ``stop_event``; every child polls it at least every 0.5 s. The training loop sees only
+the :class:`~msf.sampling.protocol.Sampler`: these workers in child processes, or with ``--serial_mode`` in this one.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
-import queue
 import signal
 import time
-from multiprocessing.synchronize import Event
 from typing import Any
 
 import torch
@@ -33,39 +31,24 @@ import msf
 from msf import CHECKPOINT_SIGNAL, STOP_SIGNALS
 from msf.cfg.config import Config, Derived
 from msf.distributed.collectives import collectives_of
-from msf.distributed.topology import RankInfo, split_evenly
-from msf.envs.families import remove_engine_files
+from msf.distributed.topology import RankInfo
 from msf.envs.registry import EnvSpaces
 from msf.learning.learner import Learner
 from msf.persistence.sf2_checkpoint import as_msf_checkpoint
 from msf.persistence.summaries import TensorBoardSummaries, setup_logging, write_json_atomic
 from msf.persistence.train_state import TrainState
 from msf.runner.experiment import experiment_dir
-from msf.runner.training_loop import Channels, TrainingLoop, check_replicas
-from msf.runtime.affinity import learner_threads, set_learner_niceness, usable_cores, worker_cores
-from msf.runtime.supervision import (
-    CTX,
-    spawn,
-    start_fork_server,
-    stop_budget_s,
-    stop_children,
-    stop_fork_server,
-    use_quiet_executable,
-)
-from msf.sampling.inference_worker import inference_worker_main
-from msf.sampling.messages import InferenceCounters, RolloutCounters
-from msf.sampling.protocol import InferenceWorkerSpec, RolloutWorkerSpec
+from msf.runner.training_loop import TrainingLoop, check_replicas
+from msf.runtime.affinity import learner_threads, set_learner_niceness, usable_cores
+from msf.runtime.supervision import start_fork_server, stop_fork_server, use_quiet_executable
+from msf.sampling.plan import DeviceGroup, rank_config
+from msf.sampling.process_sampler import ProcessSampler
+from msf.sampling.protocol import Sampler
 from msf.sampling.published_weights import PublishedWeights
-from msf.sampling.rollout_worker import rollout_worker_main
 from msf.sampling.serial import SerialSampler
 from msf.sampling.trajectory_buffer import TrajectoryBuffer
 
 log = logging.getLogger("msf")
-
-
-def rank_config(cfg: Config, rank: RankInfo) -> Config:
-    """The config of one device group: its share of this node's rollout workers."""
-    return dataclasses.replace(cfg, num_workers=split_evenly(cfg.num_workers, rank.nproc_per_node, rank.local_rank))
 
 
 class RunFailed(RuntimeError):
@@ -74,8 +57,7 @@ class RunFailed(RuntimeError):
 
 def failure_line(e: BaseException) -> str:
     """One line for a failure: the message's first line (who failed), and when that only announces a traceback
-    (``rollout_worker_0 (pid 7) failed:``), the traceback's last line, which names the exception: a launch script's
-    env that failed in its workers used to end with the first part alone."""
+    (``rollout_worker_0 (pid 7) failed:``), the traceback's last line, which names the exception."""
     lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
     if not lines:
         return type(e).__name__
@@ -144,89 +126,6 @@ class _SignalHandler:
             signal.signal(s, h)
 
 
-def _start_workers(
-    cfg: Config,
-    derived: Derived,
-    spaces: EnvSpaces,
-    buffer: TrajectoryBuffer,
-    weights: list[PublishedWeights],
-    device: str,
-    stop_event: Event,
-    prefix: str = "",
-    node_workers: tuple[int, int] | None = None,
-    first_worker: int = 0,
-    device_group: int = 0,
-) -> Channels:
-    """Spawn the inference workers (``policy_workers_per_policy`` per policy) and the rollout workers;
-    rollout worker ``w`` has one pipe per policy, to that policy's inference worker ``w % policy_workers_per_policy``.
-    Every channel is listed in :mod:`msf.sampling.protocol`.
-
-    ``node_workers``: (index of this group's first rollout worker among the node's, the node's rollout workers),
-    for ``--set_workers_cpu_affinity``; None: this group's workers are all of the node's. ``first_worker``,
-    ``device_group``: see :class:`~msf.sampling.protocol.RolloutWorkerSpec`."""
-    failures, full_queue, stats_queue = CTX.Queue(), CTX.Queue(), CTX.Queue()
-    free_queues = [CTX.Queue() for _ in range(cfg.num_workers)]
-    K, P = cfg.policy_workers_per_policy, cfg.num_policies
-    pipes = [[CTX.Pipe(duplex=True) for _ in range(P)] for _ in range(cfg.num_workers)]
-    inference_stats = [InferenceCounters() for _ in range(P * K)]
-    rollout_wait = [RolloutCounters() for _ in range(cfg.num_workers)]
-    procs = []
-    me = os.getpid()
-    for p in range(P):
-        for i in range(K):
-            spec = InferenceWorkerSpec(
-                cfg=cfg,
-                derived=derived,
-                spaces=spaces,
-                buffer=buffer,
-                policy=p,
-                conns={w: pipes[w][p][0] for w in range(i, cfg.num_workers, K)},
-                weights=weights[p],
-                device=device,
-                stop_event=stop_event,
-                parent_pid=me,
-                counters=inference_stats[p * K + i],
-                first_worker=first_worker,
-            )
-            name = f"{prefix}inference_worker_{i}" if P == 1 else f"{prefix}inference_worker_p{p}_{i}"
-            procs.append(spawn(inference_worker_main, name, failures, spec))
-    first, total = node_workers or (0, cfg.num_workers)
-    cores = usable_cores()
-    if cfg.set_workers_cpu_affinity and worker_cores(first, total, cores) is None:
-        log.info(
-            "--set_workers_cpu_affinity: %d rollout workers do not spread evenly over %d cores; none is pinned "
-            "(use a multiple of the cores, or at most one worker per core)",
-            total,
-            len(cores),
-        )
-    pins = [
-        worker_cores(first + w, total, cores) if cfg.set_workers_cpu_affinity else None for w in range(cfg.num_workers)
-    ]
-    if not cfg.set_workers_cpu_affinity:
-        log.info("--set_workers_cpu_affinity=False: the rollout workers are not pinned")
-    elif pins and pins[0] is not None:
-        log.info("rollout workers pinned to CPU cores: %s", ", ".join(f"{w}: {c}" for w, c in enumerate(pins)))
-    for w, pin in enumerate(pins):
-        spec = RolloutWorkerSpec(
-            cfg=cfg,
-            derived=derived,
-            index=w,
-            buffer=buffer,
-            conns=[pipes[w][p][1] for p in range(P)],
-            full_queue=full_queue,
-            free_queue=free_queues[w],
-            stats_queue=stats_queue,
-            stop_event=stop_event,
-            parent_pid=me,
-            counters=rollout_wait[w],
-            cores=pin,
-            first_worker=first_worker,
-            device_group=device_group,
-        )
-        procs.append(spawn(rollout_worker_main, f"{prefix}rollout_worker_{w}", failures, spec))
-    return Channels(full_queue, free_queues, stats_queue, failures, procs, inference_stats, rollout_wait)
-
-
 def run_device_group(
     cfg: Config, spaces: EnvSpaces, rank: RankInfo, heartbeat: Any = None, spawned_by_node_launcher: bool = False
 ) -> dict | None:
@@ -255,19 +154,7 @@ def run_device_group(
         _make_deterministic(cfg, device)
     learners = _make_learners(cfg, group_cfg, derived, spaces, device, rank)
     world = collectives_of()  # every rank: the loop's agreement, the statistics, the checkpoint exchange
-    # no shared file system needed: the rank with the newest checkpoint sends it to the others
-    state = TrainState.restore(
-        learners,
-        exp_dir,
-        cfg.restart_behavior == "resume",
-        cfg.learning_rate,
-        cfg.stats_avg,
-        # a Sample Factory 2.1.1 checkpoint is converted first (msf's pass as they are); the policies' models and
-        # optimisers are alike, so the first learner's serve as the template of every policy's
-        exchange=lambda s: world.newest_state(
-            as_msf_checkpoint(s, learners[0].model, learners[0].optimizer, resume=True)
-        ),
-    )
+    state = _restore(cfg, learners, exp_dir, world)
     if _budget_spent(cfg, state, derived):
         return None  # every rank reads the same checkpoint, so every rank returns here: nothing to agree on
     _log_start(cfg, group_cfg, rank, device, exp_dir)
@@ -276,30 +163,23 @@ def run_device_group(
     weights = [PublishedWeights(learner.model) for learner in learners]
     for w, learner in zip(weights, learners):
         w.publish(learner.model, learner.policy_version)
-    tb = (
-        TensorBoardSummaries(
-            exp_dir,
-            purge_step=state.purge_step(derived.frameskip),
-            wandb_cfg=cfg if cfg.with_wandb else None,
-            flush_secs=cfg.flush_summaries_interval,
-        )
-        if rank.is_main
-        else None
-    )
+    tb = _summary_writer(cfg, exp_dir, state, derived) if rank.is_main else None
     # From here a signal stops the run cleanly. With several ranks, a rank whose start-up a signal ended (before
-    # this line) makes the others fail in the collective that _start_rank_workers begins with, before any of them
-    # reaches its training loop (where a missing peer would end the run with status "failed").
+    # this line) makes the others fail in _first_worker's collective, before any of them reaches its training loop
+    # (where a missing peer would end the run with status "failed").
     signals = _SignalHandler(launcher_ends_on_second_interrupt=spawned_by_node_launcher)
     try:
-        stop_event = CTX.Event()
-        ch = _start_rank_workers(cfg, group_cfg, derived, spaces, buffer, weights, device, stop_event, rank, world)
-        loop = TrainingLoop(cfg, derived, learners, buffer, weights, ch, exp_dir, state, tb, rank, world, heartbeat)
+        group = DeviceGroup(buffer, weights, rank, device, first_worker=_first_worker(cfg, rank, world))
+        sampler: Sampler = (SerialSampler if cfg.serial_mode else ProcessSampler)(cfg, derived, spaces, group)
+        loop = TrainingLoop(
+            cfg, derived, learners, buffer, weights, sampler, exp_dir, state, tb, rank, world, heartbeat
+        )
     except BaseException:
         signals.restore()
         raise
     signals.attach(loop)
     t0 = time.monotonic()
-    status, error = _run_loop(loop, ch, stop_event, tb)
+    status, error = _run_loop(loop, sampler, tb)
     summary = None
     if rank.is_main:
         summary = loop.reporter.summary(status, time.monotonic() - t0)
@@ -314,6 +194,33 @@ def run_device_group(
     if status == "failed":
         raise RunFailed(failure_line(error)) from error
     return summary
+
+
+def _restore(cfg: Config, learners: list[Learner], exp_dir: str, world: Any) -> TrainState:
+    """The run's state from the newest checkpoint of any rank (no shared file system needed: that rank sends it
+    to the others), or a fresh one."""
+    return TrainState.restore(
+        learners,
+        exp_dir,
+        cfg.restart_behavior == "resume",
+        cfg.learning_rate,
+        cfg.stats_avg,
+        # a Sample Factory 2.1.1 checkpoint is converted first (msf's pass as they are); the policies' models and
+        # optimisers are alike, so the first learner's serve as the template of every policy's
+        exchange=lambda s: world.newest_state(
+            as_msf_checkpoint(s, learners[0].model, learners[0].optimizer, resume=True)
+        ),
+    )
+
+
+def _summary_writer(cfg: Config, exp_dir: str, state: TrainState, derived: Derived) -> TensorBoardSummaries:
+    """Rank 0's TensorBoard (and W&B) writer, its curves purged past the restored step."""
+    return TensorBoardSummaries(
+        exp_dir,
+        purge_step=state.purge_step(derived.frameskip),
+        wandb_cfg=cfg if cfg.with_wandb else None,
+        flush_secs=cfg.flush_summaries_interval,
+    )
 
 
 def _make_deterministic(cfg: Config, device: str) -> None:
@@ -407,63 +314,10 @@ def _make_learners(
     return learners
 
 
-def _start_rank_workers(
-    cfg: Config,
-    group_cfg: Config,
-    derived: Derived,
-    spaces: EnvSpaces,
-    buffer: TrajectoryBuffer,
-    weights: list[PublishedWeights],
-    device: str,
-    stop_event: Any,
-    rank: RankInfo,
-    world: Any,
-) -> Channels:
-    """This device group's workers (:func:`_start_workers`), with their own seeds and names. Collective (over
-    ``world``, every rank): the ranks' rollout worker counts, for the workers' job-wide indices."""
-    # environments are seeded differently on every rank, so that replicas see different experience; with
-    # --deterministic, by the seed and their job-wide index alone (already different on every rank), so that
-    # an env gets the same seed on 1 or N device groups
-    offset = 0 if cfg.deterministic else 1_000_003 * rank.rank
-    worker_cfg = dataclasses.replace(group_cfg, seed=cfg.seed + offset)
-    first_worker = sum(split_evenly(cfg.num_workers, rank.nproc_per_node, i) for i in range(rank.local_rank))
-    # the job-wide index of this group's first rollout worker: every node may run its own --num_workers
-    counts = world.all_gather(torch.tensor([group_cfg.num_workers], dtype=torch.int64)).flatten().tolist()
-    if cfg.serial_mode:
-        return _serial_channels(
-            worker_cfg, derived, spaces, buffer, weights, device, stop_event, sum(counts[: rank.rank]), rank.rank
-        )
-    return _start_workers(
-        worker_cfg,
-        derived,
-        spaces,
-        buffer,
-        weights,
-        device,
-        stop_event,
-        prefix=f"rank{rank.rank}/" if rank.distributed else "",
-        node_workers=(first_worker, cfg.num_workers),
-        first_worker=sum(counts[: rank.rank]),
-        device_group=rank.rank,
-    )
-
-
-def _serial_channels(
-    cfg: Config,
-    derived: Derived,
-    spaces: EnvSpaces,
-    buffer: TrajectoryBuffer,
-    weights: list[PublishedWeights],
-    device: str,
-    stop_event: Any,
-    first_worker: int,
-    device_group: int,
-) -> Channels:
-    """``--serial_mode``: this device group's workers in this process (:class:`SerialSampler`: its envs are
-    made here, now), and the loop's channels to them; no child process."""
-    log.info("--serial_mode: the rollout and inference workers run in this process, stepped by the training loop")
-    s = SerialSampler(cfg, derived, spaces, buffer, weights, device, stop_event, first_worker, device_group)
-    return Channels(s.full_queue, s.free_queues, s.stats_queue, queue.Queue(), [], s.inference_stats, s.rollout_wait, s)
+def _first_worker(cfg: Config, rank: RankInfo, world: Any) -> int:
+    """Collective: the job-wide index of this group's rollout worker 0 (each node may run its own --num_workers)."""
+    mine = torch.tensor([rank_config(cfg, rank).num_workers], dtype=torch.int64)
+    return sum(world.all_gather(mine).flatten().tolist()[: rank.rank])
 
 
 def _save_after_a_workers_failure(loop: TrainingLoop) -> None:
@@ -475,17 +329,15 @@ def _save_after_a_workers_failure(loop: TrainingLoop) -> None:
     if not loop.learners_intact or loop.iteration == 0:
         return
     try:
-        loop.save(wait=True)
+        loop.checkpoints.save(wait=True)
         if loop.rank.is_main:
             log.warning("the learners' state at env step %d is saved: a rerun resumes from it", loop.state.env_steps)
     except Exception as e:  # noqa: BLE001
         log.error("writing the checkpoint after the failure failed: %s", e)
 
 
-def _run_loop(
-    loop: TrainingLoop, ch: Channels, stop_event: Any, tb: TensorBoardSummaries | None
-) -> tuple[str, Exception | None]:
-    """Run the loop, save the final checkpoints, then stop the workers whatever happened.
+def _run_loop(loop: TrainingLoop, sampler: Sampler, tb: TensorBoardSummaries | None) -> tuple[str, Exception | None]:
+    """Run the loop, save the final checkpoints, then close the sampler whatever happened.
 
     Returns:
         the status ("done", "stopped" or "failed") and, when failed, the error.
@@ -493,32 +345,24 @@ def _run_loop(
     error: Exception | None = None
     try:
         status = loop.run()
-        stop_event.set()  # the workers close their envs while the final checkpoint is written
+        sampler.stop()  # the workers close their envs while the final checkpoint is written
         if loop.iteration > 0:  # a stop before the first training step leaves the checkpoints as they were
-            loop.save(wait=True)
+            loop.checkpoints.save(wait=True)
     except Exception as e:  # noqa: BLE001 - any failure ends the run with status "failed"
-        # serial mode: the failure is this process's own (an env's, the policy's): its traceback is the point
-        log.error("run failed: %s", e, exc_info=ch.sampler is not None)
+        log.error("run failed: %s", e, exc_info=sampler.logs_tracebacks)
         status, error = "failed", e
         _save_after_a_workers_failure(loop)
     finally:
         try:
-            loop.close_writers()  # a periodic checkpoint still being written completes: nothing is lost
+            loop.checkpoints.close()  # a periodic checkpoint still being written completes: nothing is lost
         except Exception as e:  # noqa: BLE001
             log.error("writing a checkpoint failed: %s", e)
             status, error = "failed", error or e
-        stop_event.set()
-        # Each worker gets time to close its envs (a fixed 5 s for all of them killed 16 workers of 10 ViZDoom
-        # games each mid-close on 2 busy cores); then each is killed with what it started (its process group),
-        # and the files its engines' controllers would have removed from /dev/shm are removed here.
-        killed = stop_children(ch.procs, stop_budget_s(loop.cfg.num_envs_per_worker))
-        remove_engine_files(killed.values())
+        try:
+            sampler.close()
+        except Exception as e:  # noqa: BLE001 - the run's own status stands; the envs were all tried
+            log.warning("closing the environments failed: %s", e)
         stop_fork_server()  # nothing of the run outlives msf-train's exit
-        if ch.sampler is not None:
-            try:
-                ch.sampler.close()
-            except Exception as e:  # noqa: BLE001 - the run's own status stands; the envs were all tried
-                log.warning("closing the environments failed: %s", e)
         if tb is not None:
             tb.close()
     return status, error

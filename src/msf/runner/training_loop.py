@@ -1,12 +1,12 @@
 """The main loop of a device group: collect trajectories, agree, train, publish, summarise, checkpoint, stop.
 
-It runs in the device group's main process, beside the learners. Each pass: poll the children, receive the
-announced trajectories, take each policy's next batch (:class:`~msf.learning.batcher.Batcher`), agree with
-the other replicas on what happens next (:func:`~msf.distributed.agreement.agree`), and act on the decision:
-summaries (:class:`~msf.runner.reporter.Reporter`), checkpoints (:class:`~msf.runner.checkpoints.Checkpoints`),
-stop, train, PBT (:class:`~msf.runner.pbt_round.PbtRounds`), the replica check. Every wait has a timeout,
-and every pass checks the children and the failure queue, so that a dead component ends the run within a
-second or so.
+It runs in the device group's main process, beside the learners. Each pass: advance the sampler (and check on
+its components), receive the announced trajectories, take each policy's next batch
+(:class:`~msf.learning.batcher.Batcher`), agree with the other replicas on what happens next
+(:func:`~msf.distributed.agreement.agree`), and act on the decision: summaries
+(:class:`~msf.runner.reporter.Reporter`), checkpoints (:class:`~msf.runner.checkpoints.Checkpoints`), stop,
+train, PBT (:class:`~msf.runner.pbt_round.PbtRounds`), the replica check. Every wait has a timeout, and every
+pass checks on the sampler's components, so that a dead component ends the run within a second or so.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import queue
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from msf.cfg.config import Config, Derived
@@ -31,16 +30,13 @@ from msf.runner.episode_tally import EpisodeTally
 from msf.runner.pbt_round import PbtRounds
 from msf.runner.reporter import IterationCounts, Reporter
 from msf.runtime.affinity import LearnerThreadRetune
-from msf.runtime.supervision import ChildDied, ComponentFailure, check_children, describe_exit, killed_children
-from msf.sampling.messages import EpisodeStats, InferenceCounters, RolloutCounters
+from msf.runtime.supervision import ChildDied
+from msf.sampling.messages import EpisodeStats
+from msf.sampling.protocol import ComponentFailed, Sampler
 from msf.sampling.published_weights import PublishedWeights
 from msf.sampling.trajectory_buffer import TrajectoryBuffer
 
 log = logging.getLogger("msf")
-
-
-class ComponentFailed(RuntimeError):
-    """A child process reported an exception (the message holds its traceback)."""
 
 
 class PeerFailed(RuntimeError):
@@ -50,55 +46,6 @@ class PeerFailed(RuntimeError):
 class AgreementTimedOut(RuntimeError):
     """This replica waited ``--dist_timeout`` in an agreement that another replica never came to (the message
     names it and what it did last)."""
-
-
-@dataclass
-class Channels:
-    """The queues and processes the loop talks to (built by :func:`msf.runner.device_group.run_device_group`)."""
-
-    full_queue: Any
-    free_queues: list[Any]
-    stats_queue: Any
-    failures: Any
-    procs: list[Any]
-    inference_stats: list[InferenceCounters]  # per inference worker
-    rollout_wait: list[RolloutCounters]  # per rollout worker
-    sampler: Any = None  # --serial_mode: the SerialSampler the loop steps (no worker processes)
-
-
-def poll_children(ch: Channels) -> None:
-    """Raise if a child reported a failure or died. A failure brings others down with it (a rollout worker's
-    death closes its pipe, which ends its inference worker): the first report that arrives within a second
-    names the root cause, unless a child was killed by a signal (a crash in native code cannot report):
-    that child is named first.
-
-    Raises:
-        ComponentFailed: a child reported a failure (the message holds its traceback).
-        ChildDied: a child died without a report.
-    """
-    try:
-        dead = None
-        f: ComponentFailure = ch.failures.get_nowait()
-    except queue.Empty:
-        try:
-            check_children(ch.procs)
-            return
-        except ChildDied as e:
-            dead = e
-        try:
-            f = ch.failures.get(timeout=1.0)
-        except queue.Empty:
-            raise dead from None
-    report = f"{f.component} (pid {f.pid}) failed:\n{f.traceback}"
-    killed, deadline = [], time.monotonic() + 0.5  # a crashed child's pipes close just before it can be reaped
-    while not killed and time.monotonic() < deadline:
-        killed = [p for p in killed_children(ch.procs) if p.pid != f.pid]
-        if not killed:
-            time.sleep(0.05)
-    if killed:
-        first = "; ".join(f"{p.name} (pid {p.pid}) {describe_exit(p)}" for p in killed)
-        report = f"{first}; then {report}"
-    raise ComponentFailed(report)
 
 
 def check_replicas(learners: list[Learner], world: Collectives) -> None:
@@ -123,7 +70,7 @@ class TrainingLoop:
 
     Args:
         cfg, derived: the run's config. learners, weights: per policy, its learner and published weights.
-        buffer: the device group's trajectory buffer. ch: its queues and processes. exp_dir: the experiment
+        buffer: the device group's trajectory buffer. sampler: where its trajectories come from. exp_dir: the experiment
             folder. state: the run's counters (restored or fresh). tb: rank 0's TensorBoard writer.
         rank: this device group's rank. world: the collectives over all ranks. heartbeat: this rank's
             :class:`~msf.distributed.rendezvous.Heartbeat` (None: one rank), which publishes the loop's progress
@@ -137,7 +84,7 @@ class TrainingLoop:
         learners: list[Learner],
         buffer: TrajectoryBuffer,
         weights: list[PublishedWeights],
-        ch: Channels,
+        sampler: Sampler,
         exp_dir: str,
         state: TrainState,
         tb: TensorBoardSummaries | None,
@@ -148,24 +95,22 @@ class TrainingLoop:
         self.cfg, self.derived, self.learners, self.weights = cfg, derived, learners, weights
         self.heartbeat = heartbeat
         self.progress = heartbeat.progress if heartbeat is not None else RankProgress()
-        self.ch, self.state, self.rank, self.world = ch, state, rank, world
+        self.sampler, self.state, self.rank, self.world = sampler, state, rank, world
         self.start_time = time.monotonic()
-        P = len(learners)
         self.batcher = Batcher(
             buffer,
-            ch.full_queue,
-            ch.free_queues,
-            P,
+            sampler.full_queue,
+            sampler.free_queues,
+            len(learners),
             derived.trajectories_per_iteration,
             cfg.max_policy_lag,
             hold_slots=not cfg.async_rl,
             in_env_order=cfg.deterministic,
         )
-        self.reporter = Reporter(
-            cfg, derived, rank, state, learners, ch.rollout_wait, ch.inference_stats, tb, world, self.start_time
-        )
+        counters = (sampler.rollout_wait, sampler.inference_stats)  # the workers'
+        self.reporter = Reporter(cfg, derived, rank, state, learners, *counters, tb, world, self.start_time)
         auto_threads = cfg.learner_threads == 0 and cfg.async_rl
-        n_workers, n_inference, groups = len(ch.rollout_wait), len(ch.inference_stats), rank.nproc_per_node
+        n_workers, n_inference, groups = len(sampler.rollout_wait), len(sampler.inference_stats), rank.nproc_per_node
         self.retune_threads = LearnerThreadRetune(auto_threads, self.start_time, n_workers, n_inference, groups)
         # --deterministic: episodes read from the batches in env order, not from the workers' timed reports
         self.tallies = [EpisodeTally() for _ in learners] if cfg.deterministic else None
@@ -201,7 +146,7 @@ class TrainingLoop:
     def _drain_stats(self) -> None:
         while True:
             try:
-                s: EpisodeStats = self.ch.stats_queue.get_nowait()
+                s: EpisodeStats = self.sampler.stats_queue.get_nowait()
             except queue.Empty:
                 return
             if self.tallies is not None:
@@ -286,9 +231,6 @@ class TrainingLoop:
                 if real:  # --async_rl=False: the workers wait for these slots, and act with the new weights
                     self.batcher.release(p)
 
-    def _check_replicas(self) -> None:
-        check_replicas(self.learners, self.world)
-
     def _interval_passed(self, now: float) -> bool:
         return now - self.last_summary >= self.cfg.experiment_summaries_interval
 
@@ -305,27 +247,16 @@ class TrainingLoop:
             for p in range(len(self.learners)):
                 self.checkpoints.save_best(p, self.reporter.return_mean(p), self.frames)
 
-    def save(self, wait: bool = False) -> None:
-        """Rank 0 snapshots every policy's state now and writes them in the background (``wait``: and waits
-        for the files); other ranks do nothing."""
-        self.checkpoints.save(wait)
-
-    def close_writers(self) -> None:
-        """Finish the checkpoint writes in flight (raises the first failure)."""
-        self.checkpoints.close()
-
     # --- the loop ------------------------------------------------------------------------------
     def _pass(self) -> bool:
         """One pass: collect, and when there is something to agree on, agree and act. True: the loop ends."""
         pass_start = time.monotonic()
         failure: Exception | None = None
         try:
-            poll_children(self.ch)
+            self.sampler.advance()
         except (ComponentFailed, ChildDied) as e:
             failure = e
-        if self.ch.sampler is not None:  # --serial_mode: sample here, then take what it announced at once
-            self.ch.sampler.advance()
-        self.batcher.receive(timeout=0.05 if self.ch.sampler is None else 0.0)
+        self.batcher.receive(timeout=self.sampler.receive_timeout_s)
         if self.batcher.received != self.progress.trajectories:
             self.progress.trajectories, self.progress.last_trajectory = self.batcher.received, time.time()
         batches = self._take_batches()
@@ -351,17 +282,15 @@ class TrainingLoop:
             self._summaries(log_status)
         if d.save_due:
             # every request counted by now is served by this checkpoint, also one whose handler ran only as the
-            # agreement returned (its signal came while this replica waited in it: sent to every rank at once, it
-            # otherwise made a second checkpoint one iteration later)
+            # agreement returned (a signal sent to every rank at once makes one checkpoint, not two)
             self.checkpoint_requests_taken = self.checkpoint_requests
             self.last_save = now
-            self.save()
+            self.checkpoints.save()
         if d.stop:
             self.request_stop("stopped")
             return True
         # The batches just agreed on are counted in the budget, so they are trained on before the budget ends the
-        # run: it used to stop first, and every run left its last iteration untrained (a run of less than one
-        # iteration trained nothing and wrote no checkpoint).
+        # run (a run of less than one iteration still trains once and writes a checkpoint).
         self._train_agreed(d, batches)
         self.iteration += 1
         self.progress.iteration = self.iteration
@@ -371,14 +300,14 @@ class TrainingLoop:
         if self.pbt.due(self.frames):
             self.pbt.run(self.frames)
         if self.cfg.ddp_check_interval and self.iteration % self.cfg.ddp_check_interval == 0:
-            self._check_replicas()
+            check_replicas(self.learners, self.world)
         return False
 
     def run(self) -> str:
         """Loop until done; return the status: "done" or "stopped".
 
         Raises:
-            ComponentFailed, ChildDied: a child of this replica failed. PeerFailed: another replica did.
+            ComponentFailed, ChildDied: a component of this replica's sampler failed. PeerFailed: another did.
         """
         self.last_summary = self.last_save = time.monotonic()
         while not self._pass():

@@ -23,6 +23,7 @@ import torch
 from msf.model.actor_critic import ActorCritic
 from msf.runtime.affinity import INFERENCE_NICENESS, raise_niceness
 from msf.runtime.supervision import parent_alive
+from msf.sampling.plan import DeviceGroup, plan_workers
 from msf.sampling.protocol import InferenceWorkerSpec
 
 log = logging.getLogger("msf")
@@ -81,33 +82,13 @@ class InferenceWorker:
 
     @classmethod
     def in_process(
-        cls,
-        cfg: Any,
-        derived: Any,
-        spaces: Any,
-        buffer: Any,
-        weights: Any,
-        policy: int = 0,
-        stop_event: Any = None,
-    ) -> "InferenceWorker":
-        """An inference worker driven from outside in this process (no pipes, no parent to watch, CPU, its own
-        counters): for :meth:`serve` called directly, by tests and benchmarks. ``stop_event``: None makes one."""
-        from msf.sampling.messages import InferenceCounters
-
-        spec = InferenceWorkerSpec(
-            cfg=cfg,
-            derived=derived,
-            spaces=spaces,
-            buffer=buffer,
-            policy=policy,
-            conns={},
-            weights=weights,
-            device="cpu",
-            stop_event=threading.Event() if stop_event is None else stop_event,
-            parent_pid=None,
-            counters=InferenceCounters(),
-        )
-        return cls(spec)
+        cls, cfg: Any, derived: Any, spaces: Any, buffer: Any, weights: Any, policy: int = 0
+    ) -> InferenceWorker:
+        """Inference worker 0 of ``policy`` (:func:`~msf.sampling.plan.plan_workers`), driven from outside in this
+        process (no pipes, no parent to watch, CPU): for :meth:`serve` called directly, by tests and benchmarks.
+        ``weights``: every policy's."""
+        group = DeviceGroup(buffer, [weights] * cfg.num_policies)
+        return cls(plan_workers(cfg, derived, spaces, group, threading.Event()).inference[(policy, 0)])
 
     def _generators(self, rows: np.ndarray) -> list[torch.Generator]:
         """The action generators of these job-wide rows (made on first use)."""

@@ -1,7 +1,7 @@
 """The protocol between the processes of one device group: what each worker is given, and every channel.
 
 A worker process is started with one frozen spec (:class:`RolloutWorkerSpec`, :class:`InferenceWorkerSpec`),
-built by keyword in :func:`msf.runner.device_group._start_workers` and read by name in the worker.
+built by keyword in :func:`msf.sampling.plan.plan_workers` and read by name in the worker.
 The channels, all of them (``W`` rollout workers, ``P`` policies, ``K = policy_workers_per_policy``;
 rollout worker ``w`` is served by inference worker ``w % K`` of each policy; RW: rollout worker, IW:
 inference worker, loop: the training loop and its learners, in the main process):
@@ -93,11 +93,54 @@ class Inbox(Protocol[T_out]):
 
     def get(self, block: bool = True, timeout: float | None = None) -> T_out: ...
 
+    def get_nowait(self) -> T_out: ...
+
 
 class StopSignal(Protocol):
     """Set by the main process to stop: a ``multiprocessing`` event, or a ``threading.Event`` in one process."""
 
     def is_set(self) -> bool: ...
+
+
+class ComponentFailed(RuntimeError):
+    """A component of the sampling reported an exception (the message holds its traceback)."""
+
+
+class Sampler(Protocol):
+    """Where a device group's trajectories come from, as its training loop sees it: the workers in child
+    processes (:class:`~msf.sampling.process_sampler.ProcessSampler`) or the same graph in this process
+    (:class:`~msf.sampling.serial.SerialSampler`).
+
+    Attributes:
+        full_queue, free_queues, stats_queue: the loop's ends of those channels (``free_queues[w]``: rollout
+            worker ``w``'s). inference_stats, rollout_wait: the workers' counters (inference workers policy-major).
+        receive_timeout_s: how long a pass of the loop may wait for an announcement (0: only :meth:`advance` makes
+            them). logs_tracebacks: a failure the run ends with is logged with this process's traceback (the
+            workers run here: their failures are its own).
+    """
+
+    full_queue: Inbox[FullTrajectories]
+    free_queues: Sequence[Outbox[SlotsReturned]]
+    stats_queue: Inbox[EpisodeStats]
+    inference_stats: Sequence[InferenceCounters]
+    rollout_wait: Sequence[RolloutCounters]
+    receive_timeout_s: float
+    logs_tracebacks: bool
+
+    def advance(self) -> object:
+        """At the start of every pass of the loop: sample what is this process's to sample, and check on the
+        components that sample elsewhere. What it returns, the loop ignores.
+
+        Raises:
+            ComponentFailed, msf.runtime.supervision.ChildDied: a component elsewhere failed (the replicas agree on
+                it, then stop); anything else: this process's own failure.
+        """
+
+    def stop(self) -> None:
+        """Tell every component to stop, and return (they close their envs meanwhile)."""
+
+    def close(self) -> None:
+        """Stop and end every component, its envs closed; the first failure is raised after all were tried."""
 
 
 class EnvSplit(Protocol):

@@ -8,7 +8,6 @@ While the inference worker computes one group's actions, the worker steps anothe
 
 from __future__ import annotations
 
-import collections
 import logging
 import os
 import time
@@ -103,11 +102,6 @@ class RolloutWorker:
         self.counters.add_env(stage)
         self._check_stop()
 
-    @property
-    def free_slots(self) -> collections.deque[int]:
-        """The worker's free slots (``slots.free``)."""
-        return self.slots.free
-
     def _take_slot(self, row: int) -> int:
         """A free slot for ``row``'s next trajectory, once there is one (:meth:`_wait_for_slots`)."""
         if not self.slots.free:
@@ -121,22 +115,11 @@ class RolloutWorker:
             self._check_stop()
         self.counters.add_wait(time.monotonic() - t0)
 
-    def take_returned_slots(self, timeout: float | None) -> bool:
-        """Take every :class:`~msf.sampling.messages.SlotsReturned` on ``free_queue`` into the free slots,
-        waiting up to ``timeout`` seconds for the first (None: not at all). True when any came."""
-        return self.slots.take_returned(timeout)
-
     def slots_short(self, split: int) -> int:
         """How many more free slots the next :meth:`step_split` of ``split`` needs than the worker has: the rows
         that reach ``rollout`` steps with it each need a new one (0: it can step without waiting)."""
         lo, hi = split * self.eps, (split + 1) * self.eps
         return max(0, int((self.cursors[lo:hi, 1] == self.T - 1).sum()) - len(self.slots.free))
-
-    @property
-    def all_parked(self) -> bool:
-        """``--async_rl=False``: every split has written its trajectories of this iteration and waits for the
-        learner (:meth:`resume`)."""
-        return self.quota.all_parked
 
     def resume(self) -> bool:
         """``--async_rl=False``: once the learner has returned the slots of this iteration's trajectories (it
@@ -276,7 +259,7 @@ class RolloutWorker:
             self.start()
             last_reply = time.monotonic()
             while True:
-                if self.all_parked:  # --async_rl=False: the learner trains on what the splits wrote
+                if self.quota.all_parked:  # --async_rl=False: the learner trains on what the splits wrote
                     self._wait_for_slots()
                     self.resume()
                     last_reply = time.monotonic()

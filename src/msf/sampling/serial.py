@@ -14,102 +14,50 @@ A breakpoint in an env, pdb or py-spy then sees the whole device group in one pr
 
 from __future__ import annotations
 
-import queue
+import functools
+import logging
+import threading
 import time
-from typing import Any, Sequence
 
 from msf.cfg.config import Config, Derived
 from msf.envs.registry import EnvSpaces
 from msf.envs.vector import close_all
 from msf.sampling.inference_worker import InferenceWorker
-from msf.sampling.messages import InferenceCounters, RolloutCounters
-from msf.sampling.protocol import InferenceWorkerSpec, RolloutWorkerSpec
-from msf.sampling.published_weights import PublishedWeights
+from msf.sampling.plan import DeviceGroup, plan_workers
 from msf.sampling.rollout_worker import RolloutWorker
-from msf.sampling.trajectory_buffer import TrajectoryBuffer
+
+log = logging.getLogger("msf")
 
 
 class SerialSampler:
-    """A device group's ``num_workers`` rollout workers and ``num_policies x policy_workers_per_policy``
-    inference workers, in this process; rollout worker ``w`` is served by inference worker ``w % K`` of each
-    policy, as in the parallel run.
+    """A :class:`~msf.sampling.protocol.Sampler`: a device group's workers (:func:`~msf.sampling.plan.plan_workers`)
+    in this process, wired as in the parallel run. Its envs are made here, now.
 
     Args:
-        cfg, derived, spaces: the device group's config (``cfg.seed`` seeds the envs) and the env's spaces.
-        buffer: the device group's trajectory buffer. weights: per policy, its published weights.
-        device: where the inference workers run the policy ("cpu", "cuda:0").
-        stop_event: set to stop (a rollout worker checks it while its envs are made).
-        first_worker, device_group: see :class:`~msf.sampling.protocol.RolloutWorkerSpec`.
-
-    Attributes:
-        full_queue, free_queues, stats_queue: the training loop's ends of the channels (:class:`queue.Queue`).
-        inference_stats, rollout_wait: the workers' counters, as the parallel run's.
+        cfg, derived, spaces, group: see :func:`~msf.sampling.plan.plan_workers`.
 
     Raises:
         whatever making an env raises (the envs made so far are closed).
     """
 
-    def __init__(
-        self,
-        cfg: Config,
-        derived: Derived,
-        spaces: EnvSpaces,
-        buffer: TrajectoryBuffer,
-        weights: Sequence[PublishedWeights],
-        device: str,
-        stop_event: Any,
-        first_worker: int = 0,
-        device_group: int = 0,
-    ):
-        W, P, K = cfg.num_workers, cfg.num_policies, cfg.policy_workers_per_policy
-        self.K = K
-        self.full_queue: queue.Queue = queue.Queue()
-        self.stats_queue: queue.Queue = queue.Queue()
-        self.free_queues: list[queue.Queue] = [queue.Queue() for _ in range(W)]
-        self.inference_stats = [InferenceCounters() for _ in range(P * K)]
-        self.rollout_wait = [RolloutCounters() for _ in range(W)]
+    receive_timeout_s = 0.0  # trajectories are announced in advance() only
+    logs_tracebacks = True  # a failure is this process's own, and serial mode is for debugging it
+
+    def __init__(self, cfg: Config, derived: Derived, spaces: EnvSpaces, group: DeviceGroup):
+        log.info("--serial_mode: the rollout and inference workers run in this process, stepped by the training loop")
+        self.K = cfg.policy_workers_per_policy
+        self.stop_event = threading.Event()  # a rollout worker checks it while its envs are made
+        plan = plan_workers(cfg, derived, spaces, group, self.stop_event)
+        self.full_queue, self.free_queues, self.stats_queue = plan.full_queue, plan.free_queues, plan.stats_queue
+        self.inference_stats, self.rollout_wait = plan.inference_stats, plan.rollout_wait
         # per inference worker (policy, k): the (rollout worker, split) requests not yet served
-        self.requests: dict[tuple[int, int], list[tuple[int, int]]] = {(p, k): [] for p in range(P) for k in range(K)}
-        self.inference = {
-            (p, k): InferenceWorker(
-                InferenceWorkerSpec(
-                    cfg=cfg,
-                    derived=derived,
-                    spaces=spaces,
-                    buffer=buffer,
-                    policy=p,
-                    conns={},
-                    weights=weights[p],
-                    device=device,
-                    stop_event=stop_event,
-                    parent_pid=None,
-                    counters=self.inference_stats[p * K + k],
-                    first_worker=first_worker,
-                )
-            )
-            for p in range(P)
-            for k in range(K)
-        }
+        self.requests: dict[tuple[int, int], list[tuple[int, int]]] = {key: [] for key in plan.inference}
+        self.inference = {key: InferenceWorker(spec) for key, spec in plan.inference.items()}
         self.rollout: list[RolloutWorker] = []
         self.deferred: list[tuple[int, int]] = []  # replies whose step waits for free slots
         try:
-            for w in range(W):
-                spec = RolloutWorkerSpec(
-                    cfg=cfg,
-                    derived=derived,
-                    index=w,
-                    buffer=buffer,
-                    conns=[],
-                    full_queue=self.full_queue,
-                    free_queue=self.free_queues[w],
-                    stats_queue=self.stats_queue,
-                    stop_event=stop_event,
-                    parent_pid=None,
-                    counters=self.rollout_wait[w],
-                    first_worker=first_worker,
-                    device_group=device_group,
-                )
-                self.rollout.append(RolloutWorker(spec, send_request=lambda p, s, w=w: self._request(w, p, s)))
+            for w, spec in enumerate(plan.rollout):
+                self.rollout.append(RolloutWorker(spec, send_request=functools.partial(self._request, w)))
         except BaseException:
             self.close()
             raise
@@ -131,14 +79,14 @@ class SerialSampler:
         """
         if not self.started:
             self.started = True
-            for w in self.rollout:
-                w.start()
+            for r in self.rollout:
+                r.start()
             return True
         moved = False
-        for w in self.rollout:
-            w.take_returned_slots(timeout=None)
-            if w.all_parked and w.free_slots:
-                moved |= w.resume()
+        for r in self.rollout:
+            r.slots.take_returned(timeout=None)
+            if r.quota.all_parked and r.slots.free:
+                moved |= r.resume()
         replies = []
         for key, requests in self.requests.items():
             if requests:
@@ -154,9 +102,12 @@ class SerialSampler:
             worker.on_reply(split)
             moved = True
         now = time.monotonic()
-        for w in self.rollout:
-            w.report_stats(now)
+        for r in self.rollout:
+            r.report_stats(now)
         return moved or bool(replies)
+
+    def stop(self) -> None:
+        self.stop_event.set()
 
     def close(self) -> None:
         """Close every rollout worker's envs (the first failure is raised after all were tried)."""
