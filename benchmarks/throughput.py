@@ -382,7 +382,8 @@ def sampler_fps(flags: list[str], seconds: float, warmup: float, breakdown: dict
     from msf.envs.registry import env_spaces
     from msf.model.actor_critic import ActorCritic
     from msf.runner.device_group import _start_workers
-    from msf.runtime.supervision import CTX, stop_children
+    from msf.runtime.reaping import stop_children
+    from msf.runtime.spawning import CTX
     from msf.sampling.messages import SlotsReturned
     from msf.sampling.published_weights import PublishedWeights
     from msf.sampling.trajectory_buffer import TrajectoryBuffer

@@ -199,7 +199,7 @@ def test_a_signal_to_the_fork_server_is_survived_or_named(train_dir, sig):
     "exited with code 255", and the clean stop became a failure (status ``failed``, exit code 1). Now the server
     ignores SIGTERM and the stop is clean; a server killed outright (SIGKILL, the OOM killer) is named as the
     cause instead of the workers' exit code 255."""
-    from msf.runtime.supervision import command_line
+    from msf.runtime.reaping import command_line
 
     p = _start_in_own_session(train_dir, "fs", 1)
     try:
@@ -690,7 +690,7 @@ def _descendants(pid: int) -> list[int]:
 def _workers(pid: int) -> list[int]:
     """The descendants of ``pid`` other than multiprocessing's resource tracker and fork server (their command
     lines name them; a process forked by the fork server has the server's command line, but not its parent)."""
-    from msf.runtime.supervision import command_line
+    from msf.runtime.reaping import command_line
 
     helpers = {
         c for c in _descendants(pid) if any("resource_tracker" in a or "forkserver" in a for a in command_line(c))

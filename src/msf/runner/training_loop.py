@@ -30,7 +30,8 @@ from msf.runner.checkpoints import Checkpoints
 from msf.runner.episode_tally import EpisodeTally
 from msf.runner.pbt_round import PbtRounds
 from msf.runner.reporter import Reporter
-from msf.runtime.supervision import ChildDied, ComponentFailure, check_children, describe_exit, killed_children
+from msf.runtime.reaping import ChildDied, check_children, describe_exit, killed_children
+from msf.runtime.spawning import ComponentFailure
 from msf.sampling.messages import EpisodeStats, InferenceCounters, RolloutCounters
 from msf.sampling.published_weights import PublishedWeights
 from msf.sampling.trajectory_buffer import TrajectoryBuffer
