@@ -540,7 +540,7 @@ def test_sigint_at_any_moment_of_the_start_up_ends_it_with_130_and_one_line(trai
     ``scancel``), while it starts: exit code 130 and one line, or, once the workers were being started, a clean
     stop before the first training step (exit 0, status stopped). Before, a Ctrl-C during the imports of msf.train
     (0.6-0.8 s in on a loaded machine) escaped as KeyboardInterrupt: a traceback and exit code -2; one during
-    torch's import, caught, still ended ``python -m msf.train`` with -2 (CPython's doing: see msf/__init__.py); a
+    torch's import, caught, still ended ``python -m msf.train`` with -2 (CPython's doing: see msf/runtime/signals.py); a
     SIGTERM ended it by the signal (-15) without a word and left the experiment folder. Nothing is left behind: no
     process, and after exit code 130 no experiment folder."""
     import os
