@@ -12,17 +12,10 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from msf.cfg.arguments import parse_args
-from msf.cfg.config import Config
-from msf.cfg.validation import (
-    ConfigError,
-    check_sync,
-    resolve_deterministic,
-    resolve_sample_factory_flags,
-    validate,
-)
+from msf.runtime.signals import StartUp
 
-if TYPE_CHECKING:  # imported in the functions: --help and invalid flags answer before torch loads
+if TYPE_CHECKING:  # imported in the functions: main() installs its signal handlers first, before any of them
+    from msf.cfg.config import Config
     from msf.distributed.nodes import NodePlan
     from msf.envs.registry import EnvSpaces
 
@@ -50,6 +43,7 @@ def check_model(cfg, spaces):
     Raises:
         ConfigError: naming the encoder flag.
     """
+    from msf.cfg.validation import ConfigError
     from msf.model.actor_critic import ActorCritic
 
     if cfg.exploration_loss == "symmetric_kl" and not (spaces.discrete or spaces.action_nvec is not None):
@@ -122,6 +116,8 @@ def check_shared_memory(cfg: Config, spaces: EnvSpaces, model) -> None:
     Raises:
         ConfigError: with what is needed, what is free and what to change.
     """
+    from msf.cfg.validation import ConfigError
+
     free = shm_free_bytes()
     if free is None:
         return
@@ -157,6 +153,8 @@ def check_file_descriptors(cfg: Config) -> str | None:
     Raises:
         ConfigError: even the hard limit is too low, naming ``--num_workers``, the figures and ``ulimit -Hn``.
     """
+    from msf.cfg.validation import ConfigError
+
     try:
         import resource
     except ImportError:  # not a Unix
@@ -180,48 +178,37 @@ def check_file_descriptors(cfg: Config) -> str | None:
 
 def main(argv: list[str] | None = None, parsed: tuple[Config, set[str]] | None = None) -> int:
     """Parse, validate and resolve (before any process is spawned), train; return the exit code. ``parsed``: a
-    config and the names of its flags given explicitly, instead of ``argv`` (:func:`msf.sf2.run_rl`)."""
-    import signal
+    config and the names of its flags given explicitly, instead of ``argv`` (:func:`msf.sf2.run_rl`).
 
-    from msf import (
-        INTERRUPTED_BEFORE_TRAINING,
-        STOP_SIGNALS,
-        end_as_interrupted,
-        interrupt_before_training,
-        remove_made_before_training,
-    )
-
-    # a Ctrl-C before training begins ends the run at once (exit 130), even where the shell started
-    # this process with SIGINT ignored (a background job of a script); msf/__init__.py does the same for the
-    # imports before this line. Once a device group runs, its own handler takes over (a clean stop).
-    # A SIGTERM (scancel while a job starts) or a SIGHUP (the terminal closed) ends the start-up the same way.
-    old = {s: signal.signal(s, interrupt_before_training) for s in STOP_SIGNALS}
+    Its first act: a stop signal before training begins ends the run at once (exit 130), even where the shell
+    started this process with SIGINT ignored (a background job of a script); once a device group runs, its own
+    handler takes over (a clean stop)."""
+    start = StartUp(whole_process=argv is None and parsed is None and _is_entry()).install()
     try:
-        code = _main(argv) if parsed is None else run(*parsed)
+        if parsed is None:
+            from msf.cfg.arguments import parse_args
+
+            parsed = parse_args(argv, description=DESCRIPTION)
+        code = run(*parsed, start=start)
     except KeyboardInterrupt:
-        # ignored from here to the exit: a second Ctrl-C (or the one a terminal sends to the whole group while
-        # this process forwards its own) would otherwise break the one line below, or come as a traceback out of
-        # a finalizer while the interpreter ends (torch's weakref finalizers run then)
-        for s in STOP_SIGNALS:
-            signal.signal(s, signal.SIG_IGN)
-        remove_made_before_training()
-        print(INTERRUPTED_BEFORE_TRAINING, file=sys.stderr)
-        end_as_interrupted()
-        return 130
-    for s, h in old.items():
-        if h is not None:  # None: not a handler set from Python
-            signal.signal(s, h)
+        return start.end_interrupted()
+    start.restore()
     return code
 
 
-def _main(argv: list[str] | None) -> int:
-    cfg, given = parse_args(argv, description=DESCRIPTION)
-    return run(cfg, given)
+def _is_entry() -> bool:
+    """True in the process of ``msf-train`` (its console script) or ``python -m msf.train``."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return bool(sys.argv) and os.path.basename(sys.argv[0]) == "msf-train" or getattr(spec, "name", "") == "msf.train"
 
 
-def run(cfg: Config, given: set[str]) -> int:
+def run(cfg: Config, given: set[str], start: StartUp | None = None) -> int:
     """Train with flags already parsed (``given``: the names of those given explicitly), as ``msf-train`` does
-    after parsing its command line (:mod:`msf.sf2`'s ``run_rl`` comes here); return the exit code."""
+    after parsing its command line; return the exit code. ``start``: the start-up, which removes the experiment
+    folder made here if a stop signal ends it."""
+    from msf.cfg.validation import ConfigError
+
+    start = start or StartUp()
     try:
         cfg, spaces, plan, changes, notes = prepare(cfg, given)
         from msf.runner.experiment import check_checkpoints
@@ -243,13 +230,12 @@ def run(cfg: Config, given: set[str]) -> int:
     from msf.runner.experiment import prepare_experiment_dir, wait_for_experiment_dir
 
     if prepares_dir:
-        from msf import made_before_training
         from msf.runner.experiment import experiment_dir
 
         new_dir = plan.launcher == "local" and not os.path.exists(experiment_dir(cfg))
         exp_dir = prepare_experiment_dir(cfg)
         if new_dir:  # removed again if a Ctrl-C ends the start-up (msf-train's own launcher only)
-            made_before_training(exp_dir)
+            start.made_before_training(exp_dir)
     else:
         exp_dir = wait_for_experiment_dir(cfg)  # the node's local rank 0 prepares it
     setup_logging(exp_dir, rank=plan.rank, to_file=cfg.log_to_file)
@@ -264,9 +250,7 @@ def run(cfg: Config, given: set[str]) -> int:
     for note in set_aside if prepares_dir else ():
         logging.getLogger("msf").warning("%s", note)
     failed = _launch(cfg, spaces, plan, exp_dir)
-    from msf import keep_made_before_training
-
-    keep_made_before_training()
+    start.keep()
     return failed if failed is not None else _report(cfg, plan, exp_dir)
 
 
@@ -287,6 +271,7 @@ def prepare(cfg: Config, given: set[str]) -> tuple[Config, EnvSpaces, NodePlan, 
         ConfigError: every invalid flag (one line each); then, once the flags are valid, the first problem of
             the node layout, the resumed experiment, the device or the env.
     """
+    from msf.cfg.validation import ConfigError, resolve_deterministic, resolve_sample_factory_flags, validate
     from msf.distributed.nodes import discover
     from msf.envs.families import apply_family_defaults, eval_frameskip
     from msf.envs.registry import env_config_of, env_info_key, env_spaces, load_env_info
@@ -329,6 +314,7 @@ def _check_sync_or_go_async(cfg: Config, given: set[str], num_agents: int) -> tu
     """
     import dataclasses
 
+    from msf.cfg.validation import ConfigError, check_sync
     from msf.envs.families import family_defaults, family_of
 
     try:

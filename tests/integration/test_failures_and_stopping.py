@@ -199,7 +199,7 @@ def test_a_signal_to_the_fork_server_is_survived_or_named(train_dir, sig):
     "exited with code 255", and the clean stop became a failure (status ``failed``, exit code 1). Now the server
     ignores SIGTERM and the stop is clean; a server killed outright (SIGKILL, the OOM killer) is named as the
     cause instead of the workers' exit code 255."""
-    from msf.runtime.supervision import command_line
+    from msf.runtime.reaping import command_line
 
     p = _start_in_own_session(train_dir, "fs", 1)
     try:
@@ -540,7 +540,7 @@ def test_sigint_at_any_moment_of_the_start_up_ends_it_with_130_and_one_line(trai
     ``scancel``), while it starts: exit code 130 and one line, or, once the workers were being started, a clean
     stop before the first training step (exit 0, status stopped). Before, a Ctrl-C during the imports of msf.train
     (0.6-0.8 s in on a loaded machine) escaped as KeyboardInterrupt: a traceback and exit code -2; one during
-    torch's import, caught, still ended ``python -m msf.train`` with -2 (CPython's doing: see msf/__init__.py); a
+    torch's import, caught, still ended ``python -m msf.train`` with -2 (CPython's doing: see msf/runtime/signals.py); a
     SIGTERM ended it by the signal (-15) without a word and left the experiment folder. Nothing is left behind: no
     process, and after exit code 130 no experiment folder."""
     import os
@@ -690,7 +690,7 @@ def _descendants(pid: int) -> list[int]:
 def _workers(pid: int) -> list[int]:
     """The descendants of ``pid`` other than multiprocessing's resource tracker and fork server (their command
     lines name them; a process forked by the fork server has the server's command line, but not its parent)."""
-    from msf.runtime.supervision import command_line
+    from msf.runtime.reaping import command_line
 
     helpers = {
         c for c in _descendants(pid) if any("resource_tracker" in a or "forkserver" in a for a in command_line(c))

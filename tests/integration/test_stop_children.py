@@ -9,7 +9,8 @@ import time
 import pytest
 
 from msf.envs.families import remove_engine_files
-from msf.runtime.supervision import CTX, group_members, spawn, stop_children
+from msf.runtime.reaping import group_members, stop_children
+from msf.runtime.spawning import CTX, spawn
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads the process table from /proc")
 

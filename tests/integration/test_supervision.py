@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from msf.runtime.supervision import (
+from msf.runtime.spawning import (
     CTX,
     START_METHOD,
     parent_alive,

@@ -224,7 +224,7 @@ VIZDOOM_SHM_PREFIXES = ("ViZDoomSM", "ViZDoomMQCtr", "ViZDoomMQDoom")
 
 def remove_engine_files(command_lines: Any, shm_dir: str = "/dev/shm") -> list[str]:
     """Remove the /dev/shm files of the ViZDoom games whose engines had to be killed (their command lines, as
-    :func:`msf.runtime.supervision.stop_children` returns them), once nothing of the run uses them any more.
+    :func:`msf.runtime.reaping.stop_children` returns them), once nothing of the run uses them any more.
 
     Returns:
         the names removed.

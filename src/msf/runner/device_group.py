@@ -28,7 +28,6 @@ from typing import Any
 import torch
 
 import msf
-from msf import CHECKPOINT_SIGNAL, STOP_SIGNALS
 from msf.cfg.config import Config, Derived
 from msf.distributed.collectives import collectives_of
 from msf.distributed.topology import RankInfo
@@ -40,7 +39,8 @@ from msf.persistence.train_state import TrainState
 from msf.runner.experiment import experiment_dir
 from msf.runner.training_loop import TrainingLoop, check_replicas
 from msf.runtime.affinity import learner_threads, set_learner_niceness, usable_cores
-from msf.runtime.supervision import start_fork_server, stop_fork_server, use_quiet_executable
+from msf.runtime.signals import Signals, exit_on_interrupt
+from msf.runtime.spawning import start_fork_server, stop_fork_server, use_quiet_executable
 from msf.sampling.plan import DeviceGroup, rank_config
 from msf.sampling.process_sampler import ProcessSampler
 from msf.sampling.protocol import Sampler
@@ -66,39 +66,28 @@ def failure_line(e: BaseException) -> str:
     return lines[0]
 
 
-class _SignalHandler:
+class _SignalHandler(Signals):
     """First SIGINT/SIGTERM/SIGHUP: stop cleanly (final checkpoint). Second SIGINT: exit at once, unless
     ``launcher_ends_on_second_interrupt`` (a rank that msf's node launcher spawned: the launcher's own second SIGINT
-    kills its ranks, :class:`msf.runner.launch._NodeSignals`). A launcher killed outright (SIGKILL, the OOM killer)
-    sends its ranks torch's death signal, SIGINT, once per thread of each rank: that is one stop, not a Ctrl-C and a
-    second one, and such a rank still writes its final checkpoint. A SIGTERM or SIGHUP after the first signal
-    changes nothing. SIGUSR1 (:data:`msf.CHECKPOINT_SIGNAL`): a checkpoint after the
-    current iteration, and training goes on. (SIGHUP: a closed terminal or a dropped ssh session; by default
-    it ended the run at once, with no final checkpoint and a traceback per lost semaphore from multiprocessing's
-    resource tracker.)
+    kills its ranks, :class:`msf.runner.launch._NodeSignals`). A SIGTERM or SIGHUP after the first signal changes
+    nothing: it is the launcher passing on the same stop, or torch's death signal (SIGINT, once per thread of each
+    rank) of a launcher killed outright. SIGUSR1 (:data:`msf.CHECKPOINT_SIGNAL`): a checkpoint after the current
+    iteration, and training goes on.
 
-    Installed (over whatever the process inherited: a script's background job starts with SIGINT ignored) just
-    before the workers are spawned, so that no signal can cut a spawn short (a child then found its start-up data
-    cut and printed an ``EOFError``); until then a Ctrl-C ends the start-up (exit 130). A signal that comes before
-    the training loop exists is kept for it (:meth:`attach`), and the loop then stops at its first agreement,
-    before any training step. The SIGTERM that may follow the first signal is the node launcher passing a stop on
-    to its ranks: a terminal's Ctrl-C reaches the ranks and the launcher at once, and the launcher cannot tell it
-    from a ``kill -INT`` of its own pid (:class:`msf.runner.launch._NodeSignals`); it is the same stop.
+    Installed just before the workers are spawned, so that no signal can cut a spawn short (a child would find its
+    start-up data cut); until then a Ctrl-C ends the start-up (exit 130). A signal that comes before the training
+    loop exists is kept for it (:meth:`attach`), and the loop then stops at its first agreement.
     """
 
     def __init__(self, launcher_ends_on_second_interrupt: bool = False) -> None:
+        super().__init__(self._stop, self._checkpoint, None if launcher_ends_on_second_interrupt else exit_on_interrupt)
         self.loop: TrainingLoop | None = None
-        self.count = 0
-        self.exit_on_second_interrupt = not launcher_ends_on_second_interrupt
-        self.old = {s: signal.signal(s, self) for s in STOP_SIGNALS}
-        self.old[CHECKPOINT_SIGNAL] = signal.signal(CHECKPOINT_SIGNAL, self._checkpoint)
+        self.install()
 
-    def _checkpoint(self, signum: int, frame: Any) -> None:
-        """SIGUSR1: a checkpoint after the current iteration, the run going on (nothing to save before the loop)."""
-        if self.loop is None or self.count:
-            return
-        log.warning("received SIGUSR1: writing a checkpoint after the current iteration")
-        self.loop.request_checkpoint()
+    def _checkpoint(self) -> None:
+        if self.loop is not None:
+            log.warning("received SIGUSR1: writing a checkpoint after the current iteration")
+            self.loop.request_checkpoint()
 
     def attach(self, loop: TrainingLoop) -> None:
         """The training loop exists: a stop asked for before is passed on now."""
@@ -106,12 +95,7 @@ class _SignalHandler:
         if self.count:
             loop.request_stop("stopped")
 
-    def __call__(self, signum: int, frame: Any) -> None:
-        self.count += 1
-        if self.count > 1:
-            if signum == signal.SIGINT and self.exit_on_second_interrupt:
-                os._exit(130)
-            return
+    def _stop(self, signum: int) -> None:
         log.warning(
             "received %s: stopping %s%s",
             signal.Signals(signum).name,
@@ -120,10 +104,6 @@ class _SignalHandler:
         )
         if self.loop is not None:
             self.loop.request_stop("stopped")
-
-    def restore(self) -> None:
-        for s, h in self.old.items():
-            signal.signal(s, h)
 
 
 def run_device_group(

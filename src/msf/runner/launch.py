@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from msf import CHECKPOINT_SIGNAL, STOP_SIGNALS
+from msf import CHECKPOINT_SIGNAL
 from msf.cfg.config import Config
 from msf.cfg.validation import ConfigError
 from msf.distributed.nodes import NodePlan
@@ -44,15 +44,10 @@ from msf.persistence.summaries import setup_logging
 from msf.runner.device_group import run_device_group
 from msf.runner.experiment import experiment_dir
 from msf.runner.training_loop import AgreementTimedOut, ComponentFailed, PeerFailed
+from msf.runtime.reaping import become_subreaper, children_now, end_orphans, stop_budget_s
 from msf.runtime.registrations import restore, snapshot
-from msf.runtime.supervision import (
-    become_subreaper,
-    children_now,
-    end_orphans,
-    release_semaphores,
-    stop_budget_s,
-    use_quiet_executable,
-)
+from msf.runtime.signals import Signals, ignore, set_handlers
+from msf.runtime.spawning import release_semaphores, use_quiet_executable
 
 log = logging.getLogger("msf")
 
@@ -209,15 +204,11 @@ def _launch_node(cfg: Config, spaces: EnvSpaces, plan: NodePlan, attempt: int) -
 
 @contextlib.contextmanager
 def _quiet_c10d_warnings() -> Iterator[None]:
-    """The rank processes spawned inside start with ``TORCH_CPP_LOG_LEVEL=ERROR`` unless the user set it.
-
-    When a rank ends (killed, failed, or its start-up cut short by a Ctrl-C while its peers had begun to stop
-    cleanly), every other rank's next use of the store that rank 0 hosts logs a c10d warning from C++ with a
-    stack trace of its own ("[c10d] recvValue failed ... Connection was likely closed", "Exception raised from
-    recvBytes at ...") to the terminal, between msf's lines, before msf names the lost rank itself. torch reads
-    the level when it is imported, so it is set in the environment the ranks inherit; this process's own is
-    left as it was. ``TORCH_CPP_LOG_LEVEL=WARNING`` shows the warnings again.
-    """
+    """The rank processes spawned inside start with ``TORCH_CPP_LOG_LEVEL=ERROR`` unless the user set it: when a
+    rank ends, every other rank's next use of the store that rank 0 hosts logs a c10d warning with a C++ stack
+    trace ("[c10d] recvValue failed ...") before msf names the lost rank itself. torch reads the level when it is
+    imported, so it is set in the environment the ranks inherit; this process's own is left as it was.
+    ``TORCH_CPP_LOG_LEVEL=WARNING`` shows the warnings again."""
     if "TORCH_CPP_LOG_LEVEL" in os.environ:
         yield
         return
@@ -232,33 +223,23 @@ INTERRUPTED_EXIT = 130
 """The exit code of a rank process whose start-up a signal ended."""
 
 
-class _NodeSignals:
-    """The node launcher's SIGINT and SIGTERM, from before it spawns the ranks until they have ended.
+class _NodeSignals(Signals):
+    """The node launcher's stop signals, from before it spawns the ranks until they have ended.
 
-    A terminal's Ctrl-C reaches the launcher and the ranks at once, but a signal sent to the launcher's pid
-    alone (a script's ``kill -INT``, a batch system, a supervisor) reaches only the launcher, which used to
-    ignore SIGINT: the job trained on. So the first signal, SIGINT or SIGTERM, is passed on to every rank as
-    SIGTERM. A rank that trains takes it as the same stop as the Ctrl-C it may have had itself (it does not
-    count as a second one: ``msf.runner.device_group._SignalHandler``) and stops cleanly after the next
-    agreement; a rank still starting ends its start-up (:func:`_rank_main`), and the launcher then ends with
-    ``KeyboardInterrupt`` (exit code 130). A second SIGINT exits at once, as with one device group: the ranks
-    are killed, exit code 130.
+    A signal sent to the launcher's pid alone (a script's ``kill -INT``, a batch system, a supervisor) reaches only
+    the launcher, so the first stop signal is passed on to every rank as SIGTERM. A rank that trains takes it as the
+    same stop as the Ctrl-C it may have had itself (not a second one: ``msf.runner.device_group._SignalHandler``)
+    and stops cleanly after the next agreement; a rank still starting ends its start-up (:func:`_rank_main`), and
+    the launcher then ends with ``KeyboardInterrupt`` (exit code 130). A second SIGINT exits at once, as with one
+    device group: the ranks are killed, exit code 130. ``CHECKPOINT_SIGNAL`` to the launcher (``sbatch
+    --signal=B:USR1@60`` through a batch script) is passed on to the ranks: a checkpoint now, the run going on.
     """
 
     def __init__(self) -> None:
+        super().__init__(self._stop, lambda: self._send(CHECKPOINT_SIGNAL), self._again)
         self.procs: list[Any] = []
         self.errors: Any = None
-        self.count = 0
-        self.old = {s: signal.signal(s, self) for s in STOP_SIGNALS}
-        self.old[CHECKPOINT_SIGNAL] = signal.signal(CHECKPOINT_SIGNAL, self._checkpoint)
-
-    def _checkpoint(self, signum: int, frame: Any) -> None:
-        """SIGUSR1 to the launcher (``kill -USR1 <pid>``, ``sbatch --signal=B:USR1@60`` through a batch script
-        that runs msf-train in the foreground) is passed on to the ranks: a checkpoint now, the run going on. A rank
-        that is not training yet ignores it; one that is takes each SIGUSR1 (this one, or Slurm's own to every
-        process) as a request, and requests that come together make one checkpoint or two."""
-        if not self.count:
-            self._send(CHECKPOINT_SIGNAL)
+        self.install()
 
     def watch(self, procs: list[Any], errors: Any) -> None:
         """The ranks have been spawned: pass on a stop that came while they were."""
@@ -266,20 +247,19 @@ class _NodeSignals:
         if self.count:
             self._send(signal.SIGTERM)
 
-    def __call__(self, signum: int, frame: Any) -> None:
-        self.count += 1
-        if self.count > 1:
-            if signum == signal.SIGINT:
-                self._send(signal.SIGKILL)
-                release_semaphores(self.errors)  # os._exit skips the queue's own clean-up
-                os._exit(130)
-            return
+    def _stop(self, signum: int) -> None:
         log.warning(
             "received %s: passing the stop on to the device groups%s",
             signal.Signals(signum).name,
             " (Ctrl-C again to exit at once)" if signum == signal.SIGINT else "",
         )
         self._send(signal.SIGTERM)
+
+    def _again(self, signum: int) -> None:
+        if signum == signal.SIGINT:
+            self._send(signal.SIGKILL)
+            release_semaphores(self.errors)  # os._exit skips the queue's own clean-up
+            os._exit(130)
 
     def _send(self, sig: int) -> None:
         for p in self.procs:
@@ -288,10 +268,6 @@ class _NodeSignals:
                 os.kill(p.pid, sig)
             except OSError:  # gone already
                 pass
-
-    def restore(self) -> None:
-        for s, h in self.old.items():
-            signal.signal(s, h)
 
 
 def _join(ctx: Any, signals: _NodeSignals) -> bool:
@@ -327,17 +303,16 @@ def _rank_main(
     """The target of a spawned rank process: :func:`_rank_process`, whose start-up a SIGINT or SIGTERM ends with
     exit code :data:`INTERRUPTED_EXIT`.
 
-    The rank starts with SIGINT ignored (:func:`msf.runtime.supervision.use_quiet_executable`); from here until
+    The rank starts with SIGINT ignored (:func:`msf.runtime.spawning.use_quiet_executable`); from here until
     its device group installs its own handler (just before it spawns its workers) either signal raises
-    ``KeyboardInterrupt``, whatever the rank inherited. ``registered``: the launcher's registrations
-    (:mod:`msf.runtime.registrations`). (torch's wrapper around this function would take a
-    ``KeyboardInterrupt`` for a clean exit, code 0.) A launcher that died while this process was starting
-    ended it the same way: its death signal (torch's ``PR_SET_PDEATHSIG``, SIGINT) came while SIGINT was ignored.
+    ``KeyboardInterrupt``, whatever the rank inherited (torch's wrapper around this function would take one for a
+    clean exit, code 0). A launcher that died while this process was starting (its death signal, SIGINT, came
+    while SIGINT was ignored) ends it the same way. ``registered``: the launcher's registrations
+    (:mod:`msf.runtime.registrations`).
     """
     import multiprocessing
 
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    set_handlers(dict.fromkeys((signal.SIGINT, signal.SIGTERM), signal.default_int_handler))
     restore(registered)  # the launcher's registrations (a script's main() may have made them), and on to workers
     try:
         launcher = multiprocessing.parent_process()
@@ -345,17 +320,11 @@ def _rank_main(
             raise KeyboardInterrupt
         _rank_process(local_rank, cfg, spaces, plan, attempt, errors)
     except KeyboardInterrupt:
-        _ignore_stops()
+        # ignored until the exit: a terminal's Ctrl-C reaches the rank together with the SIGTERM its launcher passes
+        # on, and the second of the two, landing while the interpreter ends, came out of a finalizer as a traceback
+        ignore(signal.SIGINT, signal.SIGTERM)
         sys.exit(INTERRUPTED_EXIT)
-    _ignore_stops()
-
-
-def _ignore_stops() -> None:
-    """A rank that is ending ignores SIGINT and SIGTERM until it has exited. A terminal's Ctrl-C reaches it
-    together with the SIGTERM its launcher passes on, and the second of the two, landing while the interpreter
-    ends, came as a ``KeyboardInterrupt`` traceback out of one of torch's finalizers (once in a CI run)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    ignore(signal.SIGINT, signal.SIGTERM)
 
 
 def _rank_process(local_rank: int, cfg: Config, spaces: EnvSpaces, plan: NodePlan, attempt: int, errors: Any) -> None:

@@ -30,7 +30,7 @@ from msf.runner.episode_tally import EpisodeTally
 from msf.runner.pbt_round import PbtRounds
 from msf.runner.reporter import IterationCounts, Reporter
 from msf.runtime.affinity import LearnerThreadRetune
-from msf.runtime.supervision import ChildDied
+from msf.runtime.reaping import ChildDied
 from msf.sampling.messages import EpisodeStats
 from msf.sampling.protocol import ComponentFailed, Sampler
 from msf.sampling.published_weights import PublishedWeights

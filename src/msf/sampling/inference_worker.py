@@ -22,7 +22,7 @@ import torch
 
 from msf.model.actor_critic import ActorCritic
 from msf.runtime.affinity import INFERENCE_NICENESS, raise_niceness
-from msf.runtime.supervision import parent_alive
+from msf.runtime.spawning import parent_alive
 from msf.sampling.plan import DeviceGroup, plan_workers
 from msf.sampling.protocol import InferenceWorkerSpec
 

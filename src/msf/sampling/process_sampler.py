@@ -10,7 +10,7 @@ import time
 from msf.cfg.config import Config, Derived
 from msf.envs.families import remove_engine_files
 from msf.envs.registry import EnvSpaces
-from msf.runtime import supervision
+from msf.runtime import reaping, spawning
 from msf.runtime.affinity import usable_cores
 from msf.sampling.inference_worker import inference_worker_main
 from msf.sampling.plan import DeviceGroup, WorkerPlan, plan_workers
@@ -22,7 +22,7 @@ log = logging.getLogger("msf")
 
 class ProcessSampler:
     """A :class:`~msf.sampling.protocol.Sampler` whose workers (:func:`~msf.sampling.plan.plan_workers`) each run
-    in a child process (:func:`~msf.runtime.supervision.spawn`), the inference workers first. They sample by
+    in a child process (:func:`~msf.runtime.spawning.spawn`), the inference workers first. They sample by
     themselves; the training loop only checks on them (:meth:`advance`).
 
     Args:
@@ -37,10 +37,10 @@ class ProcessSampler:
     logs_tracebacks = False  # a child's report holds its own traceback
 
     def __init__(self, cfg: Config, derived: Derived, spaces: EnvSpaces, group: DeviceGroup):
-        self.stop_event, self.failures = supervision.CTX.Event(), supervision.CTX.Queue()
+        self.stop_event, self.failures = spawning.CTX.Event(), spawning.CTX.Queue()
         self.envs_per_worker = cfg.num_envs_per_worker
         group = dataclasses.replace(group, cores=tuple(usable_cores()) if cfg.set_workers_cpu_affinity else None)
-        plan = plan_workers(cfg, derived, spaces, group, self.stop_event, supervision.CTX)
+        plan = plan_workers(cfg, derived, spaces, group, self.stop_event, spawning.CTX)
         self.full_queue, self.free_queues, self.stats_queue = plan.full_queue, plan.free_queues, plan.stats_queue
         self.inference_stats, self.rollout_wait = plan.inference_stats, plan.rollout_wait
         _log_pins(cfg, plan, group.cores)
@@ -48,7 +48,7 @@ class ProcessSampler:
             (inference_worker_main, plan.inference_name(*key), s) for key, s in plan.inference.items()
         ]
         named += [(rollout_worker_main, plan.rollout_name(w), s) for w, s in enumerate(plan.rollout)]
-        self.procs = [supervision.spawn(main, name, self.failures, spec) for main, name, spec in named]
+        self.procs = [spawning.spawn(main, name, self.failures, spec) for main, name, spec in named]
 
     def advance(self) -> None:
         """Raise if a child reported a failure or died. A failure brings others down with it (a rollout worker's
@@ -61,12 +61,12 @@ class ProcessSampler:
             ChildDied: a child died without a report.
         """
         try:
-            f: supervision.ComponentFailure = self.failures.get_nowait()
+            f: spawning.ComponentFailure = self.failures.get_nowait()
         except queue.Empty:
             try:
-                supervision.check_children(self.procs)
+                reaping.check_children(self.procs)
                 return
-            except supervision.ChildDied as dead:
+            except reaping.ChildDied as dead:
                 try:
                     f = self.failures.get(timeout=1.0)
                 except queue.Empty:
@@ -75,11 +75,11 @@ class ProcessSampler:
         killed: list = []
         deadline = time.monotonic() + 0.5  # a crashed child's pipes close just before it can be reaped
         while not killed and time.monotonic() < deadline:
-            killed = [p for p in supervision.killed_children(self.procs) if p.pid != f.pid]
+            killed = [p for p in reaping.killed_children(self.procs) if p.pid != f.pid]
             if not killed:
                 time.sleep(0.05)
         if killed:
-            first = "; ".join(f"{p.name} (pid {p.pid}) {supervision.describe_exit(p)}" for p in killed)
+            first = "; ".join(f"{p.name} (pid {p.pid}) {reaping.describe_exit(p)}" for p in killed)
             report = f"{first}; then {report}"
         raise ComponentFailed(report)
 
@@ -90,7 +90,7 @@ class ProcessSampler:
         """Stop; give each worker time to close its envs, then kill it with what it started (its process group),
         and remove the files its engines' controllers would have removed from /dev/shm."""
         self.stop_event.set()
-        killed = supervision.stop_children(self.procs, supervision.stop_budget_s(self.envs_per_worker))
+        killed = reaping.stop_children(self.procs, reaping.stop_budget_s(self.envs_per_worker))
         remove_engine_files(killed.values())
 
 

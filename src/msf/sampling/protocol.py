@@ -30,13 +30,13 @@ pipe)                                   splits of ``w`` it served,  every timeou
                                         most one per 0.25 s per RW  ``queue.Empty``
 
 ``failures``      any child -> loop     ``ComponentFailure``        put and flushed, then the child exits 1
-                  (``_child_main`` of   (component, pid,            (:mod:`msf.runtime.supervision`); get:
+                  (``_child_main`` of   (component, pid,            (:mod:`msf.runtime.spawning`); get:
                   ``spawn``)            traceback)                  ``get_nowait``, 1 s more after a child died
 
 ``stop_event``    main -> every child   set once                    polled at least every 0.5 s
 
 parent sentinel   (the OS) -> every     the pipe reads as closed    polled with the stop event
-                  child                 when the parent dies        (``supervision.parent_alive``)
+                  child                 when the parent dies        (``spawning.parent_alive``)
 
 published         learner -> IWs of     ``state_dict`` tensors and  neither side waits for the other; a reader
 weights           its policy            the policy version          retries a torn copy for at most 10 s, then
@@ -132,7 +132,7 @@ class Sampler(Protocol):
         components that sample elsewhere. What it returns, the loop ignores.
 
         Raises:
-            ComponentFailed, msf.runtime.supervision.ChildDied: a component elsewhere failed (the replicas agree on
+            ComponentFailed, msf.runtime.reaping.ChildDied: a component elsewhere failed (the replicas agree on
                 it, then stop); anything else: this process's own failure.
         """
 

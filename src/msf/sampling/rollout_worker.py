@@ -19,7 +19,7 @@ import torch
 
 from msf.envs.vector import close_all, make_split
 from msf.runtime.affinity import ROLLOUT_NICENESS, pin_this_process, raise_niceness
-from msf.runtime.supervision import parent_alive
+from msf.runtime.spawning import parent_alive
 from msf.sampling.messages import EpisodeStats, FullTrajectories
 from msf.sampling.protocol import EnvSplit, RolloutWorkerSpec
 from msf.sampling.rollout_state import PolicyDraw, RunningEpisodes, SlotPool, SyncQuota
