@@ -24,6 +24,7 @@ import json
 import os
 import sys
 import time
+from typing import cast
 
 import numpy as np
 import torch
@@ -207,7 +208,7 @@ def read_checkpoint(
         )
 
     with _refusals(flag):
-        return load_latest_checkpoint(exp_dir, policy_index, kind=kind, required=True, on_unreadable=warn)
+        return cast(dict, load_latest_checkpoint(exp_dir, policy_index, kind=kind, required=True, on_unreadable=warn))
 
 
 def load_model(model: torch.nn.Module, state: dict, flag: str = "experiment") -> dict:
@@ -217,7 +218,7 @@ def load_model(model: torch.nn.Module, state: dict, flag: str = "experiment") ->
         ConfigError: it cannot be converted, or does not fit the model.
     """
     with _refusals(flag):
-        state = as_msf_checkpoint(state, model)
+        state = cast(dict, as_msf_checkpoint(state, model))  # a dict gives a dict
         load_into(state, lambda s: model.load_state_dict(s["model"]))
     return state
 
@@ -342,7 +343,8 @@ def _play(
     bounds = (space.low, space.high) if hasattr(space, "low") else None
     env_action = _env_action(env, model)
     A = num_agents_of(env)
-    episodes, frames = [], 0
+    episodes: list[dict] = []
+    frames = 0
     obs, _ = env.reset(seed=seed)
     if video is not None:
         video.record(env)

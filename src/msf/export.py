@@ -40,6 +40,7 @@ import os
 import sys
 import tempfile
 import warnings
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -48,6 +49,9 @@ from torch import nn
 from msf.cfg.arguments import DefaultsOnceHelpFormatter, OneLineErrorParser, integer
 from msf.cfg.config import Config
 from msf.cfg.validation import ConfigError
+
+if TYPE_CHECKING:  # imported in load_policy: --help and invalid flags answer before the model and gymnasium load
+    from msf.model.actor_critic import ActorCritic
 
 DESCRIPTION = """Write the trained policy of TRAIN_DIR/EXPERIMENT (the latest checkpoint of checkpoint_p<i>/) to one
 ONNX or TorchScript file: observation normaliser(s), encoder, recurrent core (its state an explicit input and
@@ -83,7 +87,7 @@ class ExportedPolicy(nn.Module):
         model: the actor-critic (its eval mode is the caller's business; msf's has no dropout or batch norm).
     """
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: ActorCritic):
         super().__init__()
         self.model = model
 
@@ -104,7 +108,7 @@ def _spec(name: str, shape: tuple, dtype: str, doc: str) -> dict:
     return {"name": name, "shape": [BATCH, *[int(d) for d in shape]], "dtype": dtype, "doc": doc}
 
 
-def policy_io(model: nn.Module) -> tuple[list[dict], list[dict]]:
+def policy_io(model: ActorCritic) -> tuple[list[dict], list[dict]]:
     """The inputs and outputs of the exported graph of ``model`` (an :class:`~msf.model.ActorCritic`), in
     order: per tensor ``{"name", "shape", "dtype", "doc"}``, the shape's first entry the string ``"batch"``."""
     spaces = model.spaces
@@ -155,7 +159,7 @@ def policy_io(model: nn.Module) -> tuple[list[dict], list[dict]]:
     return inputs, outputs
 
 
-def sample_inputs(model: nn.Module, n: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
+def sample_inputs(model: ActorCritic, n: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
     """``n`` random inputs of :func:`policy_io`'s shapes and dtypes: pixels uniform in ``[0, 255]``, else
     standard normal; states standard normal."""
     g = torch.Generator().manual_seed(seed)
@@ -247,7 +251,7 @@ def description_path(path: str) -> str:
     return path + ".json"
 
 
-def _actions_and_core(model: nn.Module) -> dict:
+def _actions_and_core(model: ActorCritic) -> dict:
     """The description's ``actions`` (type, count, ``nvec``) and ``rnn`` (None without a core) of ``model``."""
     nvec = model.spaces.action_nvec
     kind = "continuous" if model.continuous else "discrete" if nvec is None else "multi_discrete"
@@ -260,7 +264,7 @@ def _actions_and_core(model: nn.Module) -> dict:
     return {"actions": actions, "rnn": rnn}
 
 
-def export_policy(model: nn.Module, fmt: str, path: str, source: dict | None = None) -> dict:
+def export_policy(model: ActorCritic, fmt: str, path: str, source: dict | None = None) -> dict:
     """Trace ``model`` (an :class:`~msf.model.ActorCritic`) into ``path`` as ``fmt`` (``onnx`` or
     ``torchscript``), check the file against the model on :data:`CHECK_ROWS` sample inputs, and write its
     description (returned) beside it (:func:`description_path`). Both files are written under temporary names
@@ -363,7 +367,7 @@ def _experiments_in(train_dir: str) -> list[str]:
     return sorted(n for n in names if os.path.isfile(os.path.join(train_dir, n, "config.json")))
 
 
-def load_policy(train_dir: str, experiment: str, policy_index: int = 0) -> tuple[nn.Module, Config, dict]:
+def load_policy(train_dir: str, experiment: str, policy_index: int = 0) -> tuple[ActorCritic, Config, dict]:
     """The trained model of ``train_dir/experiment`` (its saved config, the latest readable checkpoint of
     ``checkpoint_p{policy_index}/``), rebuilt with the env's spaces as ``msf-train`` reads them, in eval mode on
     the CPU.

@@ -122,7 +122,7 @@ def add_flags(
         title = group or meta["group"]
         if title not in groups:
             groups[title] = parser.add_argument_group(title)
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         hint = hints[f.name]
         notes = [note for scope, note in scope_notes.items() if scope in meta["scope"]]
         kwargs: dict = {"default": default, "help": meta["help"] + (f" [{'; '.join(notes)}]" if notes else "")}

@@ -8,7 +8,7 @@ buffer and publishes the weights after each SGD step through ``on_sgd_step``.
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -36,7 +36,7 @@ Batch = dict[str, torch.Tensor]
 log = logging.getLogger("msf")
 
 
-def _no_forward_buffer_sync() -> dict[str, bool]:
+def _no_forward_buffer_sync() -> dict[str, Any]:
     """DDP's argument that stops it copying rank 0's buffers at every forward: ``forward_sync_buffers=False``
     where torch has it (2.13 deprecates ``broadcast_buffers``), else ``broadcast_buffers=False``. Buffers are
     still broadcast once at construction either way."""
@@ -258,14 +258,14 @@ class Learner:
                 self.train_step += 1
                 kl = float(stats["kl"])  # the global minibatch's (see global_minibatch)
                 epoch_kl += kl
-                if cfg.lr_schedule == "kl_adaptive_minibatch":
+                if cfg.lr_schedule == "kl_adaptive_minibatch" and self.lr_schedule is not None:
                     self._set_lr(self.lr_schedule.update(kl))
                 if on_sgd_step is not None:
                     on_sgd_step(self.model, self.policy_version)
                 for k, v in stats.items():
                     totals[k] = totals.get(k, 0.0) + float(v)
                 n += 1
-            if cfg.lr_schedule == "kl_adaptive_epoch":
+            if cfg.lr_schedule == "kl_adaptive_epoch" and self.lr_schedule is not None:
                 self._set_lr(self.lr_schedule.update(epoch_kl / cfg.num_batches_per_epoch))
         out = {k: v / n for k, v in totals.items()}
         out["lr"] = self.lr
@@ -284,7 +284,7 @@ class Learner:
         (``gamma`` among them) through ``self.cfg``, which the losses and advantages read at every iteration."""
         import dataclasses
 
-        self.cfg = dataclasses.replace(self.cfg, **hyper)
+        self.cfg = dataclasses.replace(self.cfg, **hyper)  # type: ignore[arg-type]  # hyper's keys: float fields
         self.set_lr(hyper["learning_rate"])
 
     def copy_from(self, donor: "Learner") -> None:
@@ -332,8 +332,8 @@ class Learner:
         self.train_step = int(state["train_step"])
         if self.cfg.with_pbt and state.get("hyperparameters"):  # a policy's own, after PBT changed them
             # only those PBT perturbs in this run (a gamma saved by a run with --pbt_optimize_gamma stays unused)
-            names = self.hyperparameters()
-            self.set_hyperparameters({k: float(v) for k, v in state["hyperparameters"].items() if k in names})
+            ours = self.hyperparameters()
+            self.set_hyperparameters({k: float(v) for k, v in state["hyperparameters"].items() if k in ours})
         self._set_lr(float(state["lr"]))
         if self.lr_schedule is not None:
             self.lr_schedule.lr = self.lr

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.distributions import Categorical, Normal
+from torch.distributions import Categorical, Distribution, Normal
 
 from msf.cfg.config import Config, core_state_size, rnn_state_size
 from msf.envs.registry import EnvSpaces
@@ -32,7 +32,7 @@ class PolicyOutput:
         values: ``[N]`` value estimates, normalised units if returns are normalised.
     """
 
-    dist: torch.distributions.Distribution
+    dist: Distribution | MultiCategorical
     values: torch.Tensor
 
 
@@ -146,7 +146,8 @@ class ActorCritic(nn.Module):
                     nn.init.orthogonal_(m.weight, gain=g)
                 else:
                     nn.init.xavier_uniform_(m.weight, gain=g)
-                nn.init.zeros_(m.bias)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
 
     def normalize_obs(self, obs: torch.Tensor) -> torch.Tensor:
         """``[N, *obs_shape]`` observations as float32, vectors normalised (or only scaled, see the class); images
@@ -198,12 +199,13 @@ class ActorCritic(nn.Module):
                 h, new_states = run_core(self.core, h, rnn_states, dones)
             else:  # the actor's state, then the critic's (Sample Factory's order)
                 S = self.core_state_size
+                assert hc is not None  # separate weights: a critic encoder and core both
                 h, actor_states = run_core(self.core, h, rnn_states[:, :S], dones)
                 hc, critic_states = run_core(self.critic_core, hc, rnn_states[:, S:], dones)
                 new_states = torch.cat([actor_states, critic_states], dim=1)
         if self.decoder is not None:
             h = self.decoder(h)
-            hc = None if hc is None else self.critic_decoder(hc)
+            hc = hc if self.critic_decoder is None else self.critic_decoder(hc)
         return self._action_params(h, obs), self.value_head(h if hc is None else hc).squeeze(-1), new_states
 
     def _action_params(self, h: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
@@ -214,6 +216,7 @@ class ActorCritic(nn.Module):
             return self._mask(out, obs)
         if self.adaptive_stddev:
             return out
+        assert self.log_std is not None  # a Gaussian without adaptive_stddev has one
         if self.tanh_scale > 0:
             out = torch.tanh(out / self.tanh_scale) * self.tanh_scale
         return torch.cat([out, self.log_std.expand_as(out)], dim=1)
@@ -237,7 +240,7 @@ class ActorCritic(nn.Module):
         params, values, _ = self.forward_with_states(obs, rnn_states, dones)
         return params, values
 
-    def distribution(self, action_params: torch.Tensor) -> torch.distributions.Distribution:
+    def distribution(self, action_params: torch.Tensor) -> Distribution | MultiCategorical:
         """The action distribution of :meth:`forward`'s first output."""
         if self.nvec is not None:
             return MultiCategorical(action_params, self.nvec)
@@ -296,12 +299,12 @@ class ActorCritic(nn.Module):
         actions = torch.stack(columns, dim=-1) if self.nvec is not None else columns[0]
         return actions.to(params.device)
 
-    def log_prob(self, dist: torch.distributions.Distribution, actions: torch.Tensor) -> torch.Tensor:
+    def log_prob(self, dist: Distribution | MultiCategorical, actions: torch.Tensor) -> torch.Tensor:
         """``[N]`` log-probabilities (summed over action dimensions for a Gaussian)."""
         lp = dist.log_prob(actions)
         return lp.sum(-1) if self.continuous else lp
 
-    def entropy(self, dist: torch.distributions.Distribution) -> torch.Tensor:
+    def entropy(self, dist: Distribution | MultiCategorical) -> torch.Tensor:
         """``[N]`` entropies."""
         e = dist.entropy()
         return e.sum(-1) if self.continuous else e
@@ -316,7 +319,7 @@ class ActorCritic(nn.Module):
 
 
 def run_core(
-    core: nn.Module, x: torch.Tensor, states: torch.Tensor, dones: torch.Tensor | None
+    core: nn.RNNBase, x: torch.Tensor, states: torch.Tensor, dones: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run one recurrent core (the actor's or the critic's) over ``B`` sequences of ``R`` steps.
 
@@ -344,15 +347,15 @@ def run_core(
         for t in range(R):
             if t:
                 m = keep[:, t - 1].view(1, B, 1)
-                hx = (hx[0] * m, hx[1] * m) if lstm else hx * m
+                hx = (hx[0] * m, hx[1] * m) if isinstance(hx, tuple) else hx * m
             o, hx = core(seq[t : t + 1], hx)
             outs.append(o)
         out = torch.cat(outs)
-    packed = (torch.stack(hx) if lstm else hx[None]).permute(2, 0, 1, 3).reshape(B, -1)
+    packed = (torch.stack(hx) if isinstance(hx, tuple) else hx[None]).permute(2, 0, 1, 3).reshape(B, -1)
     return out.transpose(0, 1).reshape(B * R, H), packed
 
 
-def _core(cfg: Config, in_size: int) -> nn.Module | None:
+def _core(cfg: Config, in_size: int) -> nn.RNNBase | None:
     """The recurrent core of ``--use_rnn`` (GRU or LSTM, ``rnn_num_layers`` x ``rnn_size``), or None."""
     if not cfg.use_rnn:
         return None

@@ -309,10 +309,12 @@ def load_latest_checkpoint(
         CheckpointError: ``required`` and there is no checkpoint file of ``kind``.
     """
     scan = scan_checkpoints(exp_dir, policy, kind, map_location)
-    if scan.state is None and scan.unreadable:
-        raise NoReadableCheckpoint(checkpoint_dir(exp_dir, policy), scan.unreadable)
-    if scan.state is None and required:
-        raise CheckpointError(f"no readable {kind} checkpoint in {checkpoint_dir(exp_dir, policy)}")
+    if scan.state is None:
+        if scan.unreadable:
+            raise NoReadableCheckpoint(checkpoint_dir(exp_dir, policy), scan.unreadable)
+        if required:
+            raise CheckpointError(f"no readable {kind} checkpoint in {checkpoint_dir(exp_dir, policy)}")
+        return None
     for path, reason in scan.unreadable:
         on_unreadable(path, reason, scan.state["path"])
     return scan.state
@@ -378,7 +380,7 @@ class BackgroundCheckpointWriter:
 
         self.exp_dir, self.keep, self.metric, self.policy, self.spared = exp_dir, keep, metric, policy, spared
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
-        self.pending = None
+        self.pending: concurrent.futures.Future[None] | None = None
 
     def submit(self, state: dict, milestone: bool = False, best: float | None = None) -> None:
         """Write ``snapshot(state)`` (taken now, in the caller's thread) in the background: a periodic

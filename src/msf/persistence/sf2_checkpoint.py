@@ -58,7 +58,7 @@ import math
 import os
 import re
 import sys
-from typing import Collection, NoReturn
+from typing import Collection, NoReturn, TypeGuard
 
 import torch
 
@@ -166,7 +166,7 @@ def _say(line: str) -> None:
         print(f"msf: {line}", file=sys.stderr)
 
 
-def is_sf2_config(d: object) -> bool:
+def is_sf2_config(d: object) -> TypeGuard[dict]:
     """Whether a loaded ``config.json`` is Sample Factory's: it has Sample Factory's records of its command line."""
     return isinstance(d, dict) and ("command_line" in d or "cli_args" in d)
 

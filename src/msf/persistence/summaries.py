@@ -109,7 +109,7 @@ class TensorBoardSummaries:
         self.writer = SummaryWriter(os.path.join(exp_dir, "tensorboard"), purge_step=purge_step, flush_secs=flush_secs)
         self.wandb = _init_wandb(wandb_cfg, exp_dir) if wandb_cfg is not None else None
 
-    def add(self, scalars: dict[str, float], step: int) -> None:
+    def add(self, scalars: dict[str, float | None], step: int) -> None:
         for k, v in scalars.items():
             if v is not None:
                 self.writer.add_scalar(k, v, step)
@@ -189,7 +189,7 @@ class Progress:
             self.bar.set_postfix(fields, refresh=False)
 
     def close(self) -> None:
-        if self.bar is not None:
+        if self.bar is not None and self.redirect is not None:  # both set, or neither
             self.bar.close()
             self.redirect.__exit__(None, None, None)
             self.bar = None

@@ -135,7 +135,7 @@ class Reporter:
         self.learner_wait = 0.0  # seconds the loop spent without a batch to train on
         self.recent_steps = RecentRate(start_time, state.env_steps)
         self.wait_mark = (start_time, *self._wait_totals())
-        self.wait_shares = [0.0, 0.0, 0.0]
+        self.wait_shares = (0.0, 0.0, 0.0)
         self.global_stats: dict[str, Any] = {}
         self.summary_frames: int | None = None
         self.target_reached_frames: int | None = None
@@ -201,7 +201,7 @@ class Reporter:
             self.learner_wait,
         )
 
-    def _wait_shares(self) -> list[float]:
+    def _wait_shares(self) -> tuple[float, float, float]:
         """Share of the time since the last summary that each stage (rollout, inference, learner) spent
         waiting, averaged over its processes: rollout workers wait for actions or a free slot, inference
         workers for observations, the learner for trajectories. Starts the next window."""
@@ -210,7 +210,8 @@ class Reporter:
         self.wait_mark = (now, *totals)
         dt = max(now - t0, 1e-9)
         counts = (max(len(self.rollout_wait), 1), max(len(self.inference_stats), 1), 1)
-        return [min(1.0, (a - b) / (dt * n)) for a, b, n in zip(totals, before, counts)]
+        rollout, inference, learner = (min(1.0, (a - b) / (dt * n)) for a, b, n in zip(totals, before, counts))
+        return rollout, inference, learner
 
     def startup_progress(self) -> None:
         """Until every env of this device group has started (made and reset once): every 10 s, log how far the
@@ -282,7 +283,7 @@ class Reporter:
         )
         mine = RankStats(
             self.local_fps(),
-            tuple(self.wait_shares),
+            self.wait_shares,
             tuple(pr.lag for pr in self.policies),
             tuple(pr.empty_batches for pr in self.policies),
             tuple(pr.lag_max_run for pr in self.policies),
@@ -321,6 +322,7 @@ class Reporter:
         if not self.rank.is_main:
             return
         recent, total = self.fps()
+        assert self.tb is not None  # rank 0's
         self.tb.add(self._scalars(recent, total), self.frames)
         if log_status:
             self._log_status(recent, total)

@@ -101,6 +101,8 @@ class StopSignal(Protocol):
 
     def is_set(self) -> bool: ...
 
+    def wait(self, timeout: float | None = None) -> bool: ...
+
 
 class ComponentFailed(RuntimeError):
     """A component of the sampling reported an exception (the message holds its traceback)."""
@@ -154,11 +156,11 @@ class EnvSplit(Protocol):
 
     action_space: Any
 
-    def reset(self) -> Sequence[np.ndarray]:
+    def reset(self) -> Sequence[np.ndarray] | np.ndarray:
         """The first observation of every row (seeded)."""
         ...
 
-    def step(self, actions: np.ndarray) -> tuple[Sequence[np.ndarray], np.ndarray, np.ndarray, np.ndarray]:
+    def step(self, actions: np.ndarray) -> tuple[Sequence[np.ndarray] | np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Step every row with ``actions[i]``: (observations, after an episode end the next episode's first;
         rewards ``[n]`` float32; terminated ``[n]`` bool; truncated ``[n]`` bool)."""
         ...

@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from multiprocessing.connection import wait
-from typing import Any, Callable
+from multiprocessing.connection import Connection, wait
+from typing import Any, Callable, cast
 
 import numpy as np
 import torch
@@ -71,7 +71,7 @@ class RolloutWorker:
         self.time_outs, self.actions, self.cursors = b["time_outs"], b["actions"], b["cursors"][index]
         self.rnn_states = b["rnn_states"] if b["rnn_states"].shape[-1] else None
         self.slot_policy, self.obs_dtype = b["slot_policy"], self.obs.dtype
-        seed = cfg.seed if cfg.seed is not None else int(np.random.SeedSequence().entropy % (2**31))
+        seed = cfg.seed if cfg.seed is not None else int(cast(int, np.random.SeedSequence().entropy) % (2**31))
         # The indices the envs see are the job's, not the device group's, so that an env that picks a level or
         # seeds itself from them differs from rank to rank.
         job_index, n_env, e_split = spec.first_worker + index, cfg.num_envs_per_worker, derived.envs_per_split
@@ -265,7 +265,7 @@ class RolloutWorker:
                     last_reply = time.monotonic()
                     continue
                 t0 = time.monotonic()
-                ready = wait(self.conns, timeout=0.5)
+                ready = cast(list[Connection], wait(self.conns, timeout=0.5))  # some of self.conns
                 self.counters.add_wait(time.monotonic() - t0)
                 if not ready:
                     self._check_stop()
