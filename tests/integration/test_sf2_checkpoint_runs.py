@@ -4,30 +4,17 @@ msf-enjoy plays it, msf-train resumes it and writes its own files beside Sample 
 
 from __future__ import annotations
 
-import hashlib
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import torch
+from unit.test_sf2_checkpoint import _copy, _files  # tests/ is on sys.path (rootdir)
 
 from msf.persistence.checkpoint import list_checkpoints
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "sf2"
 CONVERTED = "converted the Sample Factory 2.1.1 checkpoint"
-
-
-def _files(folder: Path) -> dict[str, str]:
-    return {
-        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.rglob("*") if p.is_file()
-    }
-
-
-def _copy(name: str, tmp_path: Path) -> Path:
-    shutil.copytree(DATA / name, tmp_path / name)
-    return tmp_path / name
 
 
 def test_msf_enjoy_plays_a_sample_factory_experiment(tmp_path):
