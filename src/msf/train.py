@@ -100,6 +100,7 @@ def shared_memory_bytes(cfg: Config, spaces: EnvSpaces, model) -> tuple[int, int
         return -(-n // page) * page
 
     buffers = 0
+    assert cfg.nproc_per_node is not None, "launch.resolve() sets it"
     for local_rank in range(cfg.nproc_per_node):
         group_cfg = rank_config(cfg, RankInfo(local_rank=local_rank, nproc_per_node=cfg.nproc_per_node))
         layout = TrajectoryBuffer.layout(group_cfg, Derived.of(group_cfg, spaces.num_agents), spaces)
@@ -125,6 +126,7 @@ def check_shared_memory(cfg: Config, spaces: EnvSpaces, model) -> None:
     if buffers + weights <= free:
         return
     mib = 2**20
+    assert cfg.nproc_per_node is not None, "launch.resolve() sets it"
     suggest = -(-(buffers + weights) // (256 * mib)) * 256  # MiB, a multiple of 256
     groups = f"{cfg.nproc_per_node} device groups x " if cfg.nproc_per_node > 1 else ""
     raise ConfigError(
@@ -254,7 +256,7 @@ def run(cfg: Config, given: set[str], start: StartUp | None = None) -> int:
     return failed if failed is not None else _report(cfg, plan, exp_dir)
 
 
-def prepare(cfg: Config, given: set[str]) -> tuple[Config, EnvSpaces, NodePlan, list[str]]:
+def prepare(cfg: Config, given: set[str]) -> tuple[Config, EnvSpaces, NodePlan, list[str], list[str]]:
     """Everything decided before any process is spawned: the env family's defaults, the flags' validation,
     this process's place in the job, the resumed experiment's config, the device and topology, the env's
     spaces and a model built once to check that it fits them.
@@ -317,6 +319,7 @@ def _check_sync_or_go_async(cfg: Config, given: set[str], num_agents: int) -> tu
     from msf.cfg.validation import ConfigError, check_sync
     from msf.envs.families import family_defaults, family_of
 
+    assert cfg.nproc_per_node is not None, "launch.resolve() sets it"
     try:
         check_sync(cfg, num_agents, cfg.nproc_per_node)
         return cfg, []

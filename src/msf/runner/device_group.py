@@ -171,7 +171,7 @@ def run_device_group(
                 status, error = "failed", e
     # only now: a second Ctrl-C during the teardown above must still exit at once
     signals.restore()
-    if status == "failed":
+    if error is not None:  # status "failed"
         raise RunFailed(failure_line(error)) from error
     return summary
 
@@ -288,6 +288,7 @@ def _make_learners(
         else [None] * P
     )
     learners = []
+    assert cfg.seed is not None, "launch.resolve() sets it"
     for p in range(P):
         torch.manual_seed(cfg.seed + p)  # policies start apart; a policy's replicas start equal (and DDP broadcasts)
         learners.append(Learner(group_cfg, derived, spaces, device, collectives=collectives_of(groups[p])))

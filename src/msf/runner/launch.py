@@ -98,7 +98,7 @@ def resolve(cfg: Config, given: set[str], plan: NodePlan = SINGLE) -> Config:
         hosts=",".join(plan.hosts) if plan.hosts else None,
     )
     if cfg.seed is None:
-        changes["seed"] = int(np.random.SeedSequence().entropy % (2**31))
+        changes["seed"] = int(np.random.SeedSequence().entropy % (2**31))  # type: ignore[operator]  # an int here
     if plan.launcher == "torchrun":
         changes["master_port"] = plan.master_port
     elif plan.nnodes == 1 and plan.launcher == "local":
@@ -120,7 +120,9 @@ def launch(cfg: Config, spaces: EnvSpaces, plan: NodePlan = SINGLE) -> None:
         JoinRefused: the nodes' flags do not fit together (the message names the flag).
         RuntimeError: a rank failed, was lost, or never joined; the message names it.
     """
+    assert cfg.nproc_per_node is not None, "resolve() sets it"
     if plan.launcher != "local":
+        assert plan.rank is not None and plan.local_rank is not None, "a plan of one rank sets them"
         rank = RankInfo(
             rank=plan.rank,
             local_rank=plan.local_rank,
@@ -176,6 +178,7 @@ def _launch_node(cfg: Config, spaces: EnvSpaces, plan: NodePlan, attempt: int) -
         signals.restore()
         raise
     signals.watch(ctx.processes, errors)
+    assert cfg.nproc_per_node is not None, "resolve() sets it"
     first = plan.node_rank * cfg.nproc_per_node
     try:
         while not _join(ctx, signals):
@@ -330,6 +333,7 @@ def _rank_main(
 def _rank_process(local_rank: int, cfg: Config, spaces: EnvSpaces, plan: NodePlan, attempt: int, errors: Any) -> None:
     """A rank process: its logging and device, then :func:`_run_rank`; a refused join goes back to the launcher
     through ``errors`` with exit code :data:`JOIN_REFUSED_EXIT`."""
+    assert cfg.nproc_per_node is not None, "resolve() sets it"
     rank = RankInfo(
         rank=plan.node_rank * cfg.nproc_per_node + local_rank,
         local_rank=local_rank,
@@ -368,7 +372,7 @@ def _run_rank(rank: RankInfo, cfg: Config, spaces: EnvSpaces, plan: NodePlan, at
     cfg = meeting.cfg
     # every replica logs when it entered and left initialisation: all enter before any leaves
     log.info("joined the process group: entered %.3f left %.3f", entered, time.time())
-    beat = Heartbeat(meeting.store, rank, cfg.dist_timeout, lambda r: _host_label(plan, r, cfg.nproc_per_node))
+    beat = Heartbeat(meeting.store, rank, cfg.dist_timeout, lambda r: _host_label(plan, r, rank.nproc_per_node))
     try:
         run_device_group(cfg, spaces, rank, beat, spawned_by_node_launcher=plan.launcher == "local")
     except Exception as e:
@@ -377,7 +381,7 @@ def _run_rank(rank: RankInfo, cfg: Config, spaces: EnvSpaces, plan: NodePlan, at
         named = (ComponentFailed, PeerFailed, AgreementTimedOut)
         lost = [] if isinstance(e.__cause__, named) else beat.lost_ranks()
         if lost:
-            where = ", ".join(f"rank {r} ({plan.host_of(r, cfg.nproc_per_node)})" for r in lost)
+            where = ", ".join(f"rank {r} ({plan.host_of(r, rank.nproc_per_node)})" for r in lost)
             raise RuntimeError(f"lost {where}: {e}") from None
         raise
     finally:

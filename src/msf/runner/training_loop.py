@@ -169,7 +169,7 @@ class TrainingLoop:
             # iteration past its budget.
             self.since_agreement.env_steps += taken.env_steps
             self.since_agreement.dropped_trajectories += taken.dropped
-            if self.tallies is not None and taken.batch is not None:
+            if self.tallies is not None and taken.batch is not None and taken.keys is not None:
                 self._note_episodes(p, *self.tallies[p].add(taken.batch, taken.keys))
             batches.append(taken.batch)
         return batches
@@ -226,9 +226,9 @@ class TrainingLoop:
         for p, learner in enumerate(self.learners):
             if d.has_batch[p] > 0:
                 learner.set_progress(self.frames / self.cfg.train_for_env_steps)
-                real = batches[p] is not None
-                self._train(p, batches[p] if real else self.batcher.empty_batch(), real)
-                if real:  # --async_rl=False: the workers wait for these slots, and act with the new weights
+                batch = batches[p]
+                self._train(p, batch if batch is not None else self.batcher.empty_batch(), batch is not None)
+                if batch is not None:  # --async_rl=False: the workers wait for these slots and act with the new weights
                     self.batcher.release(p)
 
     def _interval_passed(self, now: float) -> bool:
@@ -315,4 +315,5 @@ class TrainingLoop:
         self.reporter.close()
         if self.reporter.summary_frames != self.frames:  # the stop's agreement may have made one at this step
             self._summaries()
+        assert self.stop_reason is not None, "_pass ends the loop through request_stop"
         return self.stop_reason

@@ -13,6 +13,7 @@ import signal
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import wait
+from typing import AbstractSet
 
 import torch.multiprocessing as mp
 
@@ -85,7 +86,7 @@ class ProcessEntry:
 
 def process_table() -> list[ProcessEntry]:
     """Every process of this machine, from ``/proc/<pid>/stat`` (empty where there is no ``/proc``)."""
-    out = []
+    out: list[ProcessEntry] = []
     try:
         names = os.listdir("/proc")
     except OSError:
@@ -130,7 +131,7 @@ def group_members(pgids: set[int]) -> list[ProcessEntry]:
 
 
 def end_groups(
-    pgids: set[int], seen: dict[int, list[str]], managed: set[int] = frozenset(), timeout_s: float = 5.0
+    pgids: set[int], seen: dict[int, list[str]], managed: AbstractSet[int] = frozenset(), timeout_s: float = 5.0
 ) -> None:
     """SIGKILL every live member of the process groups ``pgids`` (:func:`group_members`) until none is left
     (at most ``timeout_s``); add each one's command line to ``seen`` (pid -> arguments) first, so that what
@@ -208,7 +209,7 @@ def stop_children(procs: list[mp.Process], timeout_s: float = 5.0, slow_note_s: 
     for p in alive:
         if p.pid not in own:
             p.kill()
-    end_groups(own, seen, managed={p.pid for p in procs})
+    end_groups(own, seen, managed={p.pid for p in procs if p.pid is not None})
     for p in procs:
         p.join(5.0)
     return {pid: args for pid, args in seen.items() if pid not in {p.pid for p in procs}}
@@ -264,7 +265,7 @@ def managed_children() -> set[int]:
     return pids | ({tracker} if tracker else set())
 
 
-def end_orphans(timeout_s: float, keep: set[int] = frozenset()) -> dict[int, list[str]]:
+def end_orphans(timeout_s: float, keep: AbstractSet[int] = frozenset()) -> dict[int, list[str]]:
     """End what was re-parented to this subreaper (:func:`become_subreaper`): its children other than
     :func:`managed_children` and ``keep`` (those it had before it started the device groups: see
     :func:`children_now`), such as the rollout workers of a device group that was killed, and their engines.

@@ -71,7 +71,7 @@ class Spawner:
         child_args = (target, name, failures, log.getEffectiveLevel(), args, snapshot(), dict(os.environ))
         self.use_quiet_executable()
         forked = self.start_fork_server()
-        p = (CTX if forked else mp.get_context("spawn")).Process(
+        p = (CTX if forked else mp.get_context("spawn")).Process(  # type: ignore[attr-defined]  # CTX has one
             target=_child_main, args=child_args, name=name, daemon=True
         )
         try:
@@ -301,7 +301,7 @@ def semaphore_names(*objs: Any) -> list[str]:
             continue
         seen.add(id(o))
         if isinstance(o, SemLock):
-            name = getattr(o._semlock, "name", None)
+            name = getattr(o._semlock, "name", None)  # type: ignore[attr-defined]
             if name:
                 names.append(name)
         elif isinstance(o, (Queue, SimpleQueue, Event, Condition)):
@@ -345,7 +345,7 @@ def stop_fork_server(timeout_s: float = 5.0) -> None:
     import time
     from multiprocessing import forkserver, util
 
-    server = getattr(forkserver, "_forkserver", None)
+    server: Any = getattr(forkserver, "_forkserver", None)
     pid, fd = getattr(server, "_forkserver_pid", None), getattr(server, "_forkserver_alive_fd", None)
     if pid is None or fd is None:
         return

@@ -14,8 +14,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from multiprocessing.connection import wait
-from typing import Any
+from multiprocessing.connection import Connection, wait
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -93,6 +93,7 @@ class InferenceWorker:
     def _generators(self, rows: np.ndarray) -> list[torch.Generator]:
         """The action generators of these job-wide rows (made on first use)."""
         out = []
+        assert self.seed is not None, "launch.resolve() sets it"
         for r in rows.tolist():
             g = self.generators.get(r)
             if g is None:
@@ -138,13 +139,14 @@ class InferenceWorker:
         obs = self.obs_flat.index_select(0, obs_idx).to(self.device, non_blocking=True)
         states = None if self.rnn_flat is None else self.rnn_flat.index_select(0, obs_idx).to(self.device)
         generators = self._generators(self.first_row + rows) if self.deterministic else None
-        if self.params_flat is not None:
+        if isinstance(self.model, _RecordingActorCritic):  # as self.params_flat is not None
             self.model.last_params = None
         actions, log_probs, values, new_states = self.model.act(obs, states, generators)
         if self.params_flat is not None:
             self.params_flat[act_idx] = self._behaviour_params(len(slots)).to("cpu")
         if new_states is not None:
             # the state before the next step, at the next row (the rollout worker zeros it at an episode end)
+            assert self.rnn_flat is not None, "a model with a recurrent core has a buffer with its states"
             self.rnn_flat[obs_idx + 1] = new_states.to("cpu")
         self.actions_flat[act_idx] = actions.to("cpu")
         self.log_probs_flat[act_idx] = log_probs.to("cpu")
@@ -160,6 +162,7 @@ class InferenceWorker:
             RuntimeError: ``act`` did not go through ``forward_with_states`` once for these ``n`` rows, or
                 the parameters do not fit ``TrajectoryBuffer.action_params``.
         """
+        assert isinstance(self.model, _RecordingActorCritic) and self.params_flat is not None, "--kl_loss_coeff only"
         params, self.model.last_params = self.model.last_params, None
         if params is None or params.shape[0] != n:
             raise RuntimeError("ActorCritic.act no longer runs forward_with_states once per call")
@@ -172,7 +175,7 @@ class InferenceWorker:
         conns = list(self.conns.values())
         while not self.stop_event.is_set() and parent_alive(self.parent_pid):
             t0 = time.monotonic()
-            ready = wait(conns, timeout=0.5)
+            ready = cast(list[Connection], wait(conns, timeout=0.5))  # items of conns
             self.stats.add_wait(time.monotonic() - t0)
             if not ready:
                 continue

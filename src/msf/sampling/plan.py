@@ -99,7 +99,10 @@ def plan_workers(
     # envs are seeded differently on every rank, so that replicas see different experience; with
     # --deterministic, by the seed and their job-wide index alone (already different on every rank), so that
     # an env gets the same seed on 1 or N device groups
-    seed = cfg.seed if cfg.deterministic or not rank.rank else cfg.seed + 1_000_003 * rank.rank
+    seed = cfg.seed
+    if rank.rank and not cfg.deterministic:
+        assert seed is not None, "launch.resolve() sets it for a job of several ranks"
+        seed += 1_000_003 * rank.rank
     wcfg = dataclasses.replace(rank_config(cfg, rank), seed=seed)
     W, P, K = wcfg.num_workers, wcfg.num_policies, wcfg.policy_workers_per_policy
     make_queue: Any = queue.Queue if ctx is None else ctx.Queue
