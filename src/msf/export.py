@@ -14,15 +14,7 @@ inside the file (ONNX metadata ``msf``; TorchScript extra file ``msf.json``). Be
 the exported graph is run (by onnxruntime, or ``torch.jit.load``) on sample inputs and its outputs compared with
 the torch policy's.
 
-The graph, for ``N`` envs (any ``N``: the batch dimension is dynamic):
-
-* inputs: ``obs`` ``[N, *obs_shape]`` (uint8 for image observations, as the env gives them; else float32);
-  with a recurrent core ``rnn_states`` ``[N, rnn_state_size]`` float32 (zeros at an episode start; with separate
-  actor and critic weights the actor's core's state, then the critic's).
-* outputs: discrete actions: ``action_logits`` ``[N, num_actions]`` (a ``MultiDiscrete`` action: the
-  concatenated logits of its dimensions); continuous actions: ``action_mean`` and ``action_log_std``, both
-  ``[N, action_size]``; then ``value`` ``[N]`` (in return units: the return normaliser undone); with a core
-  ``new_rnn_states`` ``[N, rnn_state_size]``.
+The graph's inputs and outputs, for any batch of ``N`` envs: :class:`ExportedPolicy` and :func:`policy_io`.
 
 ONNX files come from torch's TorchScript-based exporter (``torch.onnx.export(dynamo=False)``, opset
 :data:`ONNX_OPSET`, ``dynamic_axes`` on the batch dimension) and need the ``export`` extra

@@ -50,6 +50,7 @@ from msf.cfg.arguments import EVALUATION_FLAGS, build_parser, given_flags, str2b
 from msf.cfg.config import ENV_ARG
 from msf.cfg.config import Config as _MsfConfig
 from msf.envs.registry import register_env as _register_msf_env
+from msf.model.encoders import ACTIVATIONS
 from msf.model.encoders import register_encoder as _register_msf_encoder
 
 Config = Any  # Sample Factory's ``utils.typing.Config``: the namespace of flags
@@ -330,13 +331,9 @@ def nonlinearity(cfg: Any, inplace: bool = False) -> nn.Module:
         ValueError: another name.
     """
     kind = cfg.nonlinearity
-    if kind == "elu":
-        return nn.ELU(inplace=inplace)
-    if kind == "relu":
-        return nn.ReLU(inplace=inplace)
-    if kind == "tanh":
-        return nn.Tanh()
-    raise ValueError(f"--nonlinearity: unknown {kind!r} (elu, relu, tanh)")
+    if kind not in ACTIVATIONS:
+        raise ValueError(f"--nonlinearity: unknown {kind!r} (elu, relu, tanh)")
+    return nn.Tanh() if kind == "tanh" else ACTIVATIONS[kind](inplace=inplace)
 
 
 def calc_num_elements(module: nn.Module, module_input_shape: tuple[int, ...]) -> int:
