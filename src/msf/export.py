@@ -27,6 +27,7 @@ checkpoint, or a missing extra; after an error nothing is written.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -227,8 +228,6 @@ def require_format(fmt: str) -> None:
     if fmt not in FORMATS:
         raise ConfigError(f"--format: unknown format {fmt!r}; valid: {', '.join(FORMATS)}")
     if fmt == "onnx":
-        import importlib.util
-
         missing = [m for m in ("onnx", "onnxruntime") if importlib.util.find_spec(m) is None]
         if missing:
             raise ConfigError(

@@ -38,6 +38,7 @@ import dataclasses
 import json
 import os
 import pickle
+import sys
 import warnings
 from typing import Any, Callable
 
@@ -108,8 +109,6 @@ def parse_sf_args(argv: list[str] | None = None, evaluation: bool = False) -> tu
     Returns:
         ``(parser, partial_cfg)``, as Sample Factory's ``parse_sf_args``.
     """
-    import sys
-
     if evaluation:
         from msf.enjoy import build_enjoy_parser
 
@@ -127,8 +126,6 @@ def parse_full_cfg(parser: argparse.ArgumentParser, argv: list[str] | None = Non
     Raises:
         SystemExit: 2 for an unknown flag or a bad value, with one line (``msf-train: error: ...``).
     """
-    import sys
-
     argv = sys.argv[1:] if argv is None else argv
     return _Parsed(argv, **vars(parser.parse_args(argv)))
 

@@ -7,6 +7,7 @@ first and scales them to ``[0, 1]``.
 
 from __future__ import annotations
 
+import importlib
 from typing import cast
 
 import torch
@@ -189,8 +190,6 @@ def custom_encoder(spec: str):
     Raises:
         ValueError: no such encoder, or the module cannot be imported.
     """
-    import importlib
-
     module, _, name = spec.rpartition(":")
     if module:
         try:
