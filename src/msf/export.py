@@ -1,27 +1,19 @@
 """``msf-export``: write an experiment's trained policy to one ONNX or TorchScript file, for inference without msf.
 
 Usage: ``msf-export --experiment=NAME [--train_dir=DIR] [--format=onnx|torchscript] [--policy_index=0]
-[--output=PATH]`` (also ``python -m msf.export``).
+[--output=PATH]`` (also ``python -m msf.export``); what it writes where, and its exit codes: :data:`DESCRIPTION`.
 
-It reads the experiment's saved ``config.json`` and the latest readable checkpoint of
-``checkpoint_p{policy_index}/`` (the same functions as ``msf-enjoy``), rebuilds the model with the env's spaces
-(made once, as ``msf-train`` reads them), and traces the whole forward pass: the observation normaliser(s), the
-encoder, the recurrent core (its state an explicit input and output) and the action and value heads. The file
-goes to ``TRAIN_DIR/EXPERIMENT/export/policy_p{i}.onnx`` (or ``.pt``) unless ``--output`` says otherwise; beside
-it, ``policy_p{i}.onnx.json`` (the file's name and ``.json``) describes its inputs and outputs (names, shapes with
-the batch dimension ``"batch"``, dtypes, meaning), the action space and the core. The same description is
-inside the file (ONNX metadata ``msf``; TorchScript extra file ``msf.json``). Before the files are put in place,
-the exported graph is run (by onnxruntime, or ``torch.jit.load``) on sample inputs and its outputs compared with
-the torch policy's.
-
-The graph's inputs and outputs, for any batch of ``N`` envs: :class:`ExportedPolicy` and :func:`policy_io`.
+It reads the saved config and checkpoint with ``msf-enjoy``'s functions, rebuilds the model with the env's spaces
+(made once, as ``msf-train`` reads them) and traces the whole forward pass; the graph's inputs and outputs, for any
+batch of ``N`` envs: :class:`ExportedPolicy` and :func:`policy_io`. The description (names, shapes with the batch
+dimension ``"batch"``, dtypes, meaning, the action space and the core) goes beside the file and inside it (ONNX
+metadata ``msf``; TorchScript extra file ``msf.json``). Before the files are put in place, the exported graph is
+run (by onnxruntime, or ``torch.jit.load``) on sample inputs and its outputs compared with the torch policy's:
+exit code 1 when they differ or torch cannot trace the model; after an error nothing is written.
 
 ONNX files come from torch's TorchScript-based exporter (``torch.onnx.export(dynamo=False)``, opset
-:data:`ONNX_OPSET`, ``dynamic_axes`` on the batch dimension) and need the ``export`` extra
-(``pip install 'multi-sample-factory[export]'``: onnx and onnxruntime); TorchScript files come from
-``torch.jit.trace`` and need nothing more. Exit codes: 0 written, 1 the export failed (the file did not
-reproduce the policy's outputs, or torch could not trace the model), 2 invalid flags, no experiment, no
-checkpoint, or a missing extra; after an error nothing is written.
+:data:`ONNX_OPSET`, ``dynamic_axes`` on the batch dimension) and need the ``export`` extra (onnx and onnxruntime);
+TorchScript files come from ``torch.jit.trace`` and need nothing more.
 """
 
 from __future__ import annotations
