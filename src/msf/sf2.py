@@ -24,11 +24,8 @@ may be made in ``main()``: msf carries them to every process it spawns (:mod:`ms
 long as the functions are defined at the top level of a module or of the script.
 
 What differs: ``run_rl`` returns msf's exit code and ``enjoy`` the exit code and the mean return, as Sample
-Factory's (:class:`ExperimentStatus` names the codes); only a
-custom encoder can be registered (``register_encoder_factory``; a custom core, decoder or actor-critic is refused
-with one line); a custom encoder receives ``obs_dict["obs"]`` as msf's models do (vectors normalised with
-``--normalize_input``, images as the env gives them, as float32); the interfaces ``TrainingInfoInterface`` and
-``RewardShapingInterface`` are accepted and not called (msf has no reward shaping by PBT).
+Factory's (:class:`ExperimentStatus` names the codes); only a custom encoder can be registered (:class:`ModelFactory`,
+:class:`Encoder`); the interfaces ``TrainingInfoInterface`` and ``RewardShapingInterface`` are never called.
 """
 
 from __future__ import annotations
@@ -250,7 +247,8 @@ class RewardShapingInterface:
 # --- models ------------------------------------------------------------------------------------------------------
 class Encoder(nn.Module):
     """Sample Factory's base of a custom encoder: ``__init__(cfg)``, ``forward(obs_dict) -> [N, out]`` with the
-    observations in ``obs_dict["obs"]`` (``[N, *obs_shape]`` float32), and ``get_out_size() -> out``."""
+    observations in ``obs_dict["obs"]`` (``[N, *obs_shape]`` float32: vectors normalised with ``--normalize_input``,
+    images as the env gives them), and ``get_out_size() -> out``."""
 
     def __init__(self, cfg: Any):
         super().__init__()
