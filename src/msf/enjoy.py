@@ -119,13 +119,11 @@ def evaluate(cfg: Config, ev: EvalArgs) -> dict:
             kind asked for, it cannot be converted or does not fit the model, or the env cannot render the video
             asked for.
     """
-    from msf.envs.families import video_fps
+    from msf.envs.families import eval_frameskip, video_fps
     from msf.envs.registry import spaces_of
     from msf.model.actor_critic import ActorCritic
 
     exp_dir = os.path.join(cfg.train_dir, cfg.experiment)
-    from msf.envs.families import eval_frameskip
-
     skip, repeat = eval_frameskip(cfg)
     state = read_checkpoint(cfg, exp_dir, ev.policy_index, ev.load_checkpoint_kind)
     render = _render_mode(ev, cfg.env)

@@ -281,7 +281,7 @@ def export_policy(model: ActorCritic, fmt: str, path: str, source: dict | None =
     folder = os.path.dirname(os.path.abspath(path))
     made_folder = not os.path.isdir(folder)
     os.makedirs(folder, exist_ok=True)
-    from msf.persistence.summaries import file_mode
+    from msf.persistence.summaries import file_mode, write_json_atomic
 
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-export-", suffix=FORMATS[fmt])
     os.fchmod(fd, file_mode())  # as open() would make it (and the checkpoints are), not mkstemp's 0600
@@ -308,8 +308,6 @@ def export_policy(model: ActorCritic, fmt: str, path: str, source: dict | None =
             os.unlink(tmp)
             if made_folder and not os.listdir(folder):  # a failed export leaves no empty folder either
                 os.rmdir(folder)
-    from msf.persistence.summaries import write_json_atomic
-
     write_json_atomic(description_path(path), desc)
     return desc
 

@@ -169,12 +169,9 @@ def _with_channel(env: gym.Env) -> gym.Env:
 
 def make_doom(name: str, env_config: dict[str, Any]) -> gym.Env:
     """``doom_<scenario>`` (the scenarios the vizdoom package ships): the screen only, rendered at 160x120
-    (``wide_aspect_ratio``: 256x144) as Sample Factory renders it, resized to ``res_w`` x ``res_h`` (128x72)
-    RGB ``[res_h, res_w, 3]`` uint8; 4 frames per step (the action repeated).
-
-    The scenarios' own configs render at 320x240: four times the pixels for the same observation, which the
-    engine pays for at every step (benchmarks/README.md has the measurements).
-    """
+    (``wide_aspect_ratio``: 256x144) as Sample Factory renders it, not at the scenarios' own 320x240 (four times
+    the pixels, which the engine pays for at every step), resized to ``res_w`` x ``res_h`` (128x72) RGB
+    ``[res_h, res_w, 3]`` uint8; 4 frames per step (the action repeated)."""
     from vizdoom import gymnasium_wrapper  # noqa: F401 - registers the Vizdoom* ids
 
     scenario = name[len("doom_") :]
