@@ -2,17 +2,12 @@
 
 Usage: ``msf-enjoy --env=ENV --experiment=NAME [--train_dir=DIR] [--max_num_episodes=10]
 [--eval_deterministic=True] [--save_video=True --video_frames=N --video_name=NAME] [--no_render=True]``
-(also ``python -m msf.enjoy``).
+(also ``python -m msf.enjoy``); what it does, and its exit codes: :data:`DESCRIPTION`.
 
-It reads the experiment's saved ``config.json`` (flags given here override it, as for a resumed
-run), builds the same environment as training, except for wrappers meant for training only (the env
-gets ``evaluation=True`` in its ``env_config``), loads the latest (or best) checkpoint, and plays
-episodes with one environment in this process. Each episode's return and length are printed, and
-all of them with their means go to ``TRAIN_DIR/EXPERIMENT/eval.json``. With ``--save_video`` the
-frames (``render_mode="rgb_array"``, no display needed: see :mod:`msf.envs.offscreen`) are written to an mp4
-with ffmpeg (the ``imageio-ffmpeg`` wheel ships it), one per env step, at the rate that plays them in real
-time (:func:`msf.envs.families.video_fps`). Exit codes: 0 done, 2 invalid flags, no experiment or no
-checkpoint.
+The env is the training one without the wrappers meant for training only (it gets ``evaluation=True`` in its
+``env_config``), one in this process. Video frames (``render_mode="rgb_array"``, no display needed: see
+:mod:`msf.envs.offscreen`) go to an mp4 with ffmpeg (the ``imageio-ffmpeg`` wheel ships it), one per env step, at
+the rate that plays them in real time (:func:`msf.envs.families.video_fps`).
 """
 
 from __future__ import annotations
@@ -124,13 +119,11 @@ def evaluate(cfg: Config, ev: EvalArgs) -> dict:
             kind asked for, it cannot be converted or does not fit the model, or the env cannot render the video
             asked for.
     """
-    from msf.envs.families import video_fps
+    from msf.envs.families import eval_frameskip, video_fps
     from msf.envs.registry import spaces_of
     from msf.model.actor_critic import ActorCritic
 
     exp_dir = os.path.join(cfg.train_dir, cfg.experiment)
-    from msf.envs.families import eval_frameskip
-
     skip, repeat = eval_frameskip(cfg)
     state = read_checkpoint(cfg, exp_dir, ev.policy_index, ev.load_checkpoint_kind)
     render = _render_mode(ev, cfg.env)

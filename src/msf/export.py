@@ -1,40 +1,25 @@
 """``msf-export``: write an experiment's trained policy to one ONNX or TorchScript file, for inference without msf.
 
 Usage: ``msf-export --experiment=NAME [--train_dir=DIR] [--format=onnx|torchscript] [--policy_index=0]
-[--output=PATH]`` (also ``python -m msf.export``).
+[--output=PATH]`` (also ``python -m msf.export``); what it writes where, and its exit codes: :data:`DESCRIPTION`.
 
-It reads the experiment's saved ``config.json`` and the latest readable checkpoint of
-``checkpoint_p{policy_index}/`` (the same functions as ``msf-enjoy``), rebuilds the model with the env's spaces
-(made once, as ``msf-train`` reads them), and traces the whole forward pass: the observation normaliser(s), the
-encoder, the recurrent core (its state an explicit input and output) and the action and value heads. The file
-goes to ``TRAIN_DIR/EXPERIMENT/export/policy_p{i}.onnx`` (or ``.pt``) unless ``--output`` says otherwise; beside
-it, ``policy_p{i}.onnx.json`` (the file's name and ``.json``) describes its inputs and outputs (names, shapes with
-the batch dimension ``"batch"``, dtypes, meaning), the action space and the core. The same description is
-inside the file (ONNX metadata ``msf``; TorchScript extra file ``msf.json``). Before the files are put in place,
-the exported graph is run (by onnxruntime, or ``torch.jit.load``) on sample inputs and its outputs compared with
-the torch policy's.
-
-The graph, for ``N`` envs (any ``N``: the batch dimension is dynamic):
-
-* inputs: ``obs`` ``[N, *obs_shape]`` (uint8 for image observations, as the env gives them; else float32);
-  with a recurrent core ``rnn_states`` ``[N, rnn_state_size]`` float32 (zeros at an episode start; with separate
-  actor and critic weights the actor's core's state, then the critic's).
-* outputs: discrete actions: ``action_logits`` ``[N, num_actions]`` (a ``MultiDiscrete`` action: the
-  concatenated logits of its dimensions); continuous actions: ``action_mean`` and ``action_log_std``, both
-  ``[N, action_size]``; then ``value`` ``[N]`` (in return units: the return normaliser undone); with a core
-  ``new_rnn_states`` ``[N, rnn_state_size]``.
+It reads the saved config and checkpoint with ``msf-enjoy``'s functions, rebuilds the model with the env's spaces
+(made once, as ``msf-train`` reads them) and traces the whole forward pass; the graph's inputs and outputs, for any
+batch of ``N`` envs: :class:`ExportedPolicy` and :func:`policy_io`. The description (names, shapes with the batch
+dimension ``"batch"``, dtypes, meaning, the action space and the core) goes beside the file and inside it (ONNX
+metadata ``msf``; TorchScript extra file ``msf.json``). Before the files are put in place, the exported graph is
+run (by onnxruntime, or ``torch.jit.load``) on sample inputs and its outputs compared with the torch policy's:
+exit code 1 when they differ or torch cannot trace the model; after an error nothing is written.
 
 ONNX files come from torch's TorchScript-based exporter (``torch.onnx.export(dynamo=False)``, opset
-:data:`ONNX_OPSET`, ``dynamic_axes`` on the batch dimension) and need the ``export`` extra
-(``pip install 'multi-sample-factory[export]'``: onnx and onnxruntime); TorchScript files come from
-``torch.jit.trace`` and need nothing more. Exit codes: 0 written, 1 the export failed (the file did not
-reproduce the policy's outputs, or torch could not trace the model), 2 invalid flags, no experiment, no
-checkpoint, or a missing extra; after an error nothing is written.
+:data:`ONNX_OPSET`, ``dynamic_axes`` on the batch dimension) and need the ``export`` extra (onnx and onnxruntime);
+TorchScript files come from ``torch.jit.trace`` and need nothing more.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -235,8 +220,6 @@ def require_format(fmt: str) -> None:
     if fmt not in FORMATS:
         raise ConfigError(f"--format: unknown format {fmt!r}; valid: {', '.join(FORMATS)}")
     if fmt == "onnx":
-        import importlib.util
-
         missing = [m for m in ("onnx", "onnxruntime") if importlib.util.find_spec(m) is None]
         if missing:
             raise ConfigError(
@@ -298,7 +281,7 @@ def export_policy(model: ActorCritic, fmt: str, path: str, source: dict | None =
     folder = os.path.dirname(os.path.abspath(path))
     made_folder = not os.path.isdir(folder)
     os.makedirs(folder, exist_ok=True)
-    from msf.persistence.summaries import file_mode
+    from msf.persistence.summaries import file_mode, write_json_atomic
 
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-export-", suffix=FORMATS[fmt])
     os.fchmod(fd, file_mode())  # as open() would make it (and the checkpoints are), not mkstemp's 0600
@@ -325,8 +308,6 @@ def export_policy(model: ActorCritic, fmt: str, path: str, source: dict | None =
             os.unlink(tmp)
             if made_folder and not os.listdir(folder):  # a failed export leaves no empty folder either
                 os.rmdir(folder)
-    from msf.persistence.summaries import write_json_atomic
-
     write_json_atomic(description_path(path), desc)
     return desc
 

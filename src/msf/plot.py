@@ -1,17 +1,14 @@
 """``msf-plot``: draw the training curves of one experiment into a PNG.
 
-Usage: ``msf-plot --experiment=NAME [--train_dir=DIR] [--output=PATH]`` (also ``python -m msf.plot``).
-``--env`` is accepted and ignored, so the start of a training command line can be reused as is.
+Usage: ``msf-plot --experiment=NAME [--train_dir=DIR] [--output=PATH]`` (also ``python -m msf.plot``; exit codes:
+:data:`DESCRIPTION`). ``--env`` is accepted and ignored, so the start of a training command line can be reused.
 
-The curves come from the TensorBoard scalars that ``msf-train`` writes to
-``TRAIN_DIR/EXPERIMENT/tensorboard/`` (x-axis: env frames). A resumed run reopens that folder with a
-purge step, and the events the first run wrote at or after it are left out, as TensorBoard does.
-The figure has four panels: episode return against env frames and against wall time (minutes since
-the first event of the experiment), FPS against env frames (with the per-rank FPS as thin lines on
-several ranks), and the policy lag (mean and max, in policy versions) against env frames; a panel
-whose scalars were never written says "no data". The PNG goes to ``TRAIN_DIR/EXPERIMENT/curves.png``
-unless ``--output`` says otherwise, and is written atomically, so it can be refreshed while training
-runs. Exit codes: 0 written, 2 invalid flags, no experiment folder or no TensorBoard scalars.
+The curves are the TensorBoard scalars that ``msf-train`` writes (:func:`read_curves`), against env frames. The
+figure has four panels: episode return against env frames and against wall time (minutes since the first event of
+the experiment), FPS (with the per-rank FPS as thin lines on several ranks), and the policy lag (mean and max, in
+policy versions); a panel whose scalars were never written says "no data". The PNG goes to
+``TRAIN_DIR/EXPERIMENT/curves.png`` unless ``--output`` says otherwise, and is written atomically, so it can be
+refreshed while training runs.
 """
 
 from __future__ import annotations

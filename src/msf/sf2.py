@@ -24,11 +24,8 @@ may be made in ``main()``: msf carries them to every process it spawns (:mod:`ms
 long as the functions are defined at the top level of a module or of the script.
 
 What differs: ``run_rl`` returns msf's exit code and ``enjoy`` the exit code and the mean return, as Sample
-Factory's (:class:`ExperimentStatus` names the codes); only a
-custom encoder can be registered (``register_encoder_factory``; a custom core, decoder or actor-critic is refused
-with one line); a custom encoder receives ``obs_dict["obs"]`` as msf's models do (vectors normalised with
-``--normalize_input``, images as the env gives them, as float32); the interfaces ``TrainingInfoInterface`` and
-``RewardShapingInterface`` are accepted and not called (msf has no reward shaping by PBT).
+Factory's (:class:`ExperimentStatus` names the codes); only a custom encoder can be registered (:class:`ModelFactory`,
+:class:`Encoder`); the interfaces ``TrainingInfoInterface`` and ``RewardShapingInterface`` are never called.
 """
 
 from __future__ import annotations
@@ -38,6 +35,7 @@ import dataclasses
 import json
 import os
 import pickle
+import sys
 import warnings
 from typing import Any, Callable
 
@@ -50,6 +48,7 @@ from msf.cfg.arguments import EVALUATION_FLAGS, build_parser, given_flags, str2b
 from msf.cfg.config import ENV_ARG
 from msf.cfg.config import Config as _MsfConfig
 from msf.envs.registry import register_env as _register_msf_env
+from msf.model.encoders import ACTIVATIONS
 from msf.model.encoders import register_encoder as _register_msf_encoder
 
 Config = Any  # Sample Factory's ``utils.typing.Config``: the namespace of flags
@@ -107,8 +106,6 @@ def parse_sf_args(argv: list[str] | None = None, evaluation: bool = False) -> tu
     Returns:
         ``(parser, partial_cfg)``, as Sample Factory's ``parse_sf_args``.
     """
-    import sys
-
     if evaluation:
         from msf.enjoy import build_enjoy_parser
 
@@ -126,8 +123,6 @@ def parse_full_cfg(parser: argparse.ArgumentParser, argv: list[str] | None = Non
     Raises:
         SystemExit: 2 for an unknown flag or a bad value, with one line (``msf-train: error: ...``).
     """
-    import sys
-
     argv = sys.argv[1:] if argv is None else argv
     return _Parsed(argv, **vars(parser.parse_args(argv)))
 
@@ -252,7 +247,8 @@ class RewardShapingInterface:
 # --- models ------------------------------------------------------------------------------------------------------
 class Encoder(nn.Module):
     """Sample Factory's base of a custom encoder: ``__init__(cfg)``, ``forward(obs_dict) -> [N, out]`` with the
-    observations in ``obs_dict["obs"]`` (``[N, *obs_shape]`` float32), and ``get_out_size() -> out``."""
+    observations in ``obs_dict["obs"]`` (``[N, *obs_shape]`` float32: vectors normalised with ``--normalize_input``,
+    images as the env gives them), and ``get_out_size() -> out``."""
 
     def __init__(self, cfg: Any):
         super().__init__()
@@ -330,13 +326,9 @@ def nonlinearity(cfg: Any, inplace: bool = False) -> nn.Module:
         ValueError: another name.
     """
     kind = cfg.nonlinearity
-    if kind == "elu":
-        return nn.ELU(inplace=inplace)
-    if kind == "relu":
-        return nn.ReLU(inplace=inplace)
-    if kind == "tanh":
-        return nn.Tanh()
-    raise ValueError(f"--nonlinearity: unknown {kind!r} (elu, relu, tanh)")
+    if kind not in ACTIVATIONS:
+        raise ValueError(f"--nonlinearity: unknown {kind!r} (elu, relu, tanh)")
+    return nn.Tanh() if kind == "tanh" else ACTIVATIONS[kind](inplace=inplace)
 
 
 def calc_num_elements(module: nn.Module, module_input_shape: tuple[int, ...]) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import re
+import sys
 import typing
 
 from msf.cfg.config import Config
@@ -149,8 +150,6 @@ parser has them in every script, so command lines and launch scripts pass them t
 def parse_args(argv: list[str] | None = None, description: str | None = None) -> tuple[Config, set[str]]:
     """Parse ``argv`` into a :class:`Config`; also return the names of the flags given explicitly (the evaluation
     flags of :data:`EVALUATION_FLAGS` among them, though the config leaves them out)."""
-    import sys
-
     parser = build_parser(description=description)
     argv = sys.argv[1:] if argv is None else argv
     values = vars(parser.parse_args(argv))

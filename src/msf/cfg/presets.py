@@ -43,14 +43,13 @@ SF_ATARI_FLAGS = [
     "--adam_eps=1e-5",
 ]
 
-# Atari on a small machine (a few CPU cores; README, "Settings for Atari on a small machine"): Sample Factory's Atari
-# arguments (8 envs, rollout 128, 4 minibatches of 256, lr 2.5e-4, entropy 0.01, grad norm 0.5; clip 0.1 and the rest
-# from the family defaults) with two epochs instead of four (the learner is the slow stage, and four epochs are most of
-# its work: more frames to a score, less wall time), asynchronous collection instead of the family's --async_rl=False,
-# a constant lr (the run ends at a score, --stop_at_return_mean, not at a budget that a linear decay would need to
-# know), a near-uniform action head (gain 0.01; msf's default, Sample Factory's rule, is what doom_basic needs; Pong
-# learns sooner so), and 52x52 pixels instead of 84x84 (a quarter of the conv stack's work; Pong still learns).
-# benchmarks/README.md has the measurements.
+# Atari on a small machine (a few CPU cores; README, "Settings for Atari on a small machine"): SF_ATARI_FLAGS with
+# two epochs instead of four (the learner is the slow stage, and four epochs are most of its work: more frames to a
+# score, less wall time), asynchronous collection instead of the family's --async_rl=False, a constant lr (the run
+# ends at a score, --stop_at_return_mean, not at a budget that a linear decay would need to know), a near-uniform
+# action head (gain 0.01; msf's default, Sample Factory's rule, is what doom_basic needs; Pong learns sooner so), and
+# 52x52 pixels instead of 84x84 (a quarter of the conv stack's work; Pong still learns): benchmarks/README.md has
+# the measurements.
 _SMALL_MACHINE = {"--num_epochs": "2", "--lr_schedule": "constant"}
 ATARI_SMALL_MACHINE_FLAGS = [
     *(f"{k}={_SMALL_MACHINE.get(k, v)}" for k, v in (f.split("=", 1) for f in SF_ATARI_FLAGS)),

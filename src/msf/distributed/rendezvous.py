@@ -325,9 +325,8 @@ class Heartbeat:
     def absent_from_agreement(self) -> str | None:
         """After this rank's agreement (:mod:`msf.distributed.agreement`) timed out: which ranks did not enter it
         and what each did last, from the progress records (None: every rank came, or a record is missing or
-        stale: then the rank was lost, which :meth:`lost_ranks` tells). gloo's own message names only the
-        rank that waited ("Timed out waiting 20000ms for recv operation to complete", on rank 0).
-        """
+        stale: then the rank was lost, which :meth:`lost_ranks` tells); gloo's own message names only the rank
+        that waited."""
         if self.world == 1:
             return None
         mine = self.progress

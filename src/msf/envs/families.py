@@ -9,7 +9,9 @@ reward clipping), so that ``msf-enjoy`` reports the game's own returns.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import os
 from typing import Any, Callable, cast
 
 import gymnasium as gym
@@ -167,12 +169,9 @@ def _with_channel(env: gym.Env) -> gym.Env:
 
 def make_doom(name: str, env_config: dict[str, Any]) -> gym.Env:
     """``doom_<scenario>`` (the scenarios the vizdoom package ships): the screen only, rendered at 160x120
-    (``wide_aspect_ratio``: 256x144) as Sample Factory renders it, resized to ``res_w`` x ``res_h`` (128x72)
-    RGB ``[res_h, res_w, 3]`` uint8; 4 frames per step (the action repeated).
-
-    The scenarios' own configs render at 320x240: four times the pixels for the same observation, which the
-    engine pays for at every step (benchmarks/README.md has the measurements).
-    """
+    (``wide_aspect_ratio``: 256x144) as Sample Factory renders it, not at the scenarios' own 320x240 (four times
+    the pixels, which the engine pays for at every step), resized to ``res_w`` x ``res_h`` (128x72) RGB
+    ``[res_h, res_w, 3]`` uint8; 4 frames per step (the action repeated)."""
     from vizdoom import gymnasium_wrapper  # noqa: F401 - registers the Vizdoom* ids
 
     scenario = name[len("doom_") :]
@@ -195,16 +194,13 @@ def make_doom(name: str, env_config: dict[str, Any]) -> gym.Env:
 def _vizdoom_folder() -> None:
     """Create ``./_vizdoom/`` in the working directory before any ViZDoom engine starts.
 
-    The engine (at its first ``reset``) checks for that folder and creates it when missing; two engines
-    starting together in a fresh directory can both find it missing, and the loser's ``mkdir`` fails
-    ("Failed to create ./_vizdoom/ directory: File exists") and its process dies with SIGSEGV. Every
-    env creates the folder here first, so no engine ever needs to.
+    The engine (at its first ``reset``) creates that folder when missing; two engines starting together in a
+    fresh directory can both find it missing, and the one whose ``mkdir`` fails crashes. Every env creates the
+    folder here first, so no engine ever needs to.
 
     Raises:
         ConfigError: ``./_vizdoom`` exists and is not a folder (the engine would crash on it).
     """
-    import os
-
     try:
         os.makedirs("_vizdoom", exist_ok=True)
     except FileExistsError:
@@ -236,8 +232,6 @@ def remove_engine_files(command_lines: Any, shm_dir: str = "/dev/shm") -> list[s
             ids.add(args[args.index("+viz_instance_id") + 1])
     if not ids:
         return []
-    import os
-
     removed = []
     try:
         names = os.listdir(shm_dir)
@@ -275,8 +269,6 @@ def make_minigrid(name: str, env_config: dict[str, Any]) -> gym.Env:
 
 def make_unity(name: str, env_config: dict[str, Any]) -> gym.Env:
     """``unity_*``: see :func:`msf.envs.unity.make_unity`."""
-    import os
-
     from msf.envs.unity import make_unity as make
 
     path = env_config.get("unity_env_path")
@@ -402,8 +394,6 @@ def family_defaults(name: str) -> dict[str, Any]:
 
 def apply_family_defaults(cfg, given: set[str]):
     """``cfg`` with its env family's defaults (:data:`SF_FAMILY_DEFAULTS`) for the flags not in ``given``."""
-    import dataclasses
-
     changes = {k: v for k, v in family_defaults(cfg.env).items() if k not in given}
     return dataclasses.replace(cfg, **changes) if changes else cfg
 

@@ -12,6 +12,9 @@ import dataclasses
 import importlib
 import json
 import os
+import sys
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, cast
 
@@ -357,10 +360,6 @@ def env_spaces(name: str, env_config: dict[str, Any] | None = None, note_after_s
     Raises:
         ConfigError: unknown env, a family whose extra is missing, or unsupported spaces.
     """
-    import sys
-    import threading
-    import time
-
     key, fn = _resolve(name)
     declared = _DECLARED.get(name.rpartition(":")[2])
     if declared is not None and (fn is not None or _is_gym_id(key)):

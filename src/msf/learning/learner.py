@@ -7,6 +7,8 @@ buffer and publishes the weights after each SGD step through ``on_sgd_step``.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import logging
 from typing import Any, Callable
 
@@ -282,16 +284,12 @@ class Learner:
     def set_hyperparameters(self, hyper: dict[str, float]) -> None:
         """Adopt ``hyper`` (see :meth:`hyperparameters`): the lr now, and as the base of its schedule; the others
         (``gamma`` among them) through ``self.cfg``, which the losses and advantages read at every iteration."""
-        import dataclasses
-
         self.cfg = dataclasses.replace(self.cfg, **hyper)  # type: ignore[arg-type]  # hyper's keys: float fields
         self.set_lr(hyper["learning_rate"])
 
     def copy_from(self, donor: "Learner") -> None:
         """PBT's exploit step: take ``donor``'s weights, normalisers and optimiser state (not its step count).
         The policy version moves on by one, so that the inference workers load the new weights."""
-        import copy
-
         self.model.load_state_dict(donor.model.state_dict())
         lr = self.lr
         self.optimizer.load_state_dict(copy.deepcopy(donor.optimizer.state_dict()))

@@ -7,6 +7,7 @@ first and scales them to ``[0, 1]``.
 
 from __future__ import annotations
 
+import importlib
 from typing import cast
 
 import torch
@@ -109,10 +110,6 @@ class ConvEncoder(nn.Module):
         ValueError: the image is too small for the architecture (the message says which fits).
     """
 
-    # Sample Factory's epsilon (1e-5) on the variance of pixels scaled to [0, 1]; the statistics here are
-    # kept on raw pixel values, where the same normalisation needs 1e-5 x 255^2 (1e-5 x scale^2 in general)
-    PIXEL_EPS = 1e-5 * 255.0**2
-
     def __init__(
         self,
         obs_shape: tuple[int, ...],
@@ -173,7 +170,6 @@ class ConvEncoder(nn.Module):
         return self.mlp(self.conv(x).flatten(1))
 
 
-EncoderFactory = "Callable[[Config, tuple[int, ...]], nn.Module]"
 _ENCODERS: dict = registry("encoder")  # carried to every process msf spawns (msf.runtime.registrations)
 
 
@@ -194,8 +190,6 @@ def custom_encoder(spec: str):
     Raises:
         ValueError: no such encoder, or the module cannot be imported.
     """
-    import importlib
-
     module, _, name = spec.rpartition(":")
     if module:
         try:

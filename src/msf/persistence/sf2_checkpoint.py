@@ -9,29 +9,11 @@ deleted: in such a folder msf writes its config to ``msf_config.json`` (read bef
 and its checkpoints beside Sample Factory's, whose files its keep-N rotation and best-checkpoint replacement leave
 alone (the writer's ``spared`` files: :func:`sf2_files`).
 
-The standard model maps tensor for tensor (Sample Factory's name, then msf's)::
-
-    encoder.encoders.obs.mlp_head.{i}.*               actor_encoder.{i}.*         (MLP encoder)
-    encoder.encoders.obs.enc.conv_head.{i}.*          actor_encoder.conv.{i}.*    (convnet_simple, convnet_atari)
-    encoder.encoders.obs.enc.mlp_layers.{i}.*         actor_encoder.mlp.{i}.*
-    encoder.encoders.obs.conv_head.{i}[.res_block_core.{j}].*
-                                                      actor_encoder.conv.{i}[.body.{j}].*   (resnet_impala)
-    encoder.encoders.obs.mlp_layers.{i}.*             actor_encoder.mlp.{i}.*
-    actor_encoder.encoders.obs.* / critic_encoder.encoders.obs.*
-                                                      actor_encoder.* / critic_encoder.*    (separate weights)
-    core.core.*                                       core.*                      (GRU / LSTM)
-    actor_core.core.* / critic_core.core.*            core.* / critic_core.*      (separate weights)
-    decoder.mlp.{i}.*                                 decoder.{i}.*
-    actor_decoder.mlp.{i}.* / critic_decoder.mlp.{i}.*
-                                                      decoder.{i}.* / critic_decoder.{i}.*  (separate weights)
-    critic_linear.*                                   value_head.*
-    action_parameterization.distribution_linear.*    action_head.*
-    action_parameterization.learned_stddev            log_std
-    obs_normalizer.running_mean_std.running_mean_std.obs.{running_mean, running_var, count}
-                                                      obs_normalizer.* (vectors) or actor_encoder.normalizer.*
-                                                      (and critic_encoder.normalizer.*) for images
-    returns_normalizer.{running_mean, running_var, count} [1]
-                                                      returns_normalizer.{mean, var, count} []
+The standard model maps tensor for tensor: Sample Factory's prefixes to msf's as :data:`_TOP` lists them (an
+encoder's names within it as :data:`_ENCODER`: MLP, convnet_simple, convnet_atari, resnet_impala; separate
+weights' actor and critic parts to msf's), ``action_parameterization.learned_stddev`` to ``log_std``, the running
+statistics of the observation normaliser to ``obs_normalizer.*`` (vectors) or to each encoder's ``normalizer.*``
+(images), and those of the returns normaliser (shape ``[1]``) to ``returns_normalizer.*`` (shape ``[]``).
 
 Sample Factory normalises ``(obs - s) / k`` (``obs_subtract_mean``, ``obs_scale``) by statistics ``m``, ``v`` of
 the scaled values; msf keeps statistics of the raw values, so ``mean = s + k m``, ``var = k^2 v`` and the float32

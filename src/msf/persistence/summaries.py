@@ -199,11 +199,10 @@ class RecentRate:
     """Count per second over about the last ``window`` seconds, for a count that grows in jumps.
 
     The training loop counts env steps when the learner takes an iteration's trajectories, so the count
-    rises in jumps of one iteration (e.g. 4,096 frames every 4 s on Atari on a CPU), and status lines come
-    right after a jump. Dividing the count gained since "now minus 10 s" by 10 s would then count one jump
-    too many at each status line (here 1,229 instead of 1,024 frames/s). This measures instead from the
-    newest jump that is at least ``window`` seconds old, so the span holds whole iterations; after a
-    stall of more than ``window`` seconds the rate is 0.
+    rises in jumps of one iteration, and status lines come right after a jump: the count gained since "now
+    minus 10 s" would hold one jump too many. This measures instead from the newest jump that is at least
+    ``window`` seconds old, so the span holds whole iterations; after a stall of more than ``window`` seconds
+    the rate is 0.
 
     Args:
         t0: the start (seconds, a monotonic clock). count0: the count at ``t0``. window: seconds.

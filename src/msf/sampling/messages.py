@@ -56,12 +56,9 @@ class _SharedCounters:
 
 
 class InferenceCounters(_SharedCounters):
-    """What one inference worker has done so far, in shared memory: batches served, samples served, seconds
-    spent waiting for requests. The worker adds to them; the training loop reads them for the summaries.
-
-    Args:
-        shared: a ``[3]`` float64 tensor (None: allocate one in shared memory).
-    """
+    """What one inference worker has done so far, in a ``[3]`` shared tensor (:class:`_SharedCounters`): batches
+    served, samples served, seconds spent waiting for requests. The worker adds to them; the training loop reads
+    them for the summaries."""
 
     def add_batch(self, samples: int) -> None:
         self._v[0] += 1
@@ -84,12 +81,9 @@ class InferenceCounters(_SharedCounters):
 
 
 class RolloutCounters(_SharedCounters):
-    """What one rollout worker has done so far, in shared memory: seconds waiting for actions or a free slot,
-    envs made and started (the start-up's progress, which the training loop reports) and split steps.
-
-    Args:
-        shared: a ``[4]`` float64 tensor (None: allocate one in shared memory).
-    """
+    """What one rollout worker has done so far, in a ``[4]`` shared tensor (:class:`_SharedCounters`): seconds
+    waiting for actions or a free slot, envs made and started (the start-up's progress, which the training loop
+    reports) and split steps."""
 
     SIZE = 4
 
