@@ -32,8 +32,10 @@ normalisers), which cannot change; --device and --nproc_per_node are taken anew 
 --logdir TRAIN_DIR, plot it with msf-plot, evaluate it with msf-enjoy. Ctrl-C, SIGTERM, SIGHUP or a SIGINT to
 this process (kill -INT) stops cleanly with a final checkpoint; a second Ctrl-C exits at once. SIGUSR1 (kill -USR1,
 Slurm's --signal=USR1@60) writes a checkpoint now and training goes on. Exit codes: 0 done
-or stopped, 1 failed, 2 invalid flags, 130 interrupted (a second Ctrl-C, or a Ctrl-C, SIGTERM or SIGHUP before
-training began)."""
+or stopped, 1 failed, 2 invalid flags, 3 untrained (the budget or --train_for_seconds ran out before any batch
+filled: no SGD step), 130 interrupted (a second Ctrl-C, or a Ctrl-C, SIGTERM or SIGHUP before training began)."""
+
+UNTRAINED_EXIT = 3  # summary.json's status "untrained": the run ended by itself without one SGD step
 
 
 def check_model(cfg, spaces):
@@ -408,7 +410,7 @@ def _launch(cfg: Config, spaces: EnvSpaces, plan: NodePlan, exp_dir: str) -> int
 
 def _report(cfg: Config, plan: NodePlan, exp_dir: str) -> int:
     """Print where the results are and the final figures of ``summary.json``; return the exit code (1 when the
-    run failed)."""
+    run failed, :data:`UNTRAINED_EXIT` when it made no SGD step)."""
     holds_rank0 = plan.rank == 0 if plan.launcher != "local" else plan.node_rank == 0
     if not holds_rank0:
         print(
@@ -429,6 +431,15 @@ def _report(cfg: Config, plan: NodePlan, exp_dir: str) -> int:
         f"final episode_return_mean {'n/a' if rm is None else f'{rm:.2f}'} "
         f"(last {cfg.stats_avg} episodes)"
     )
+    if summary["status"] == "untrained":
+        secs = summary["policies"]["0"].get("batch_seconds")
+        print(
+            f"msf-train: untrained: the run ended before any batch filled, no SGD step (--batch_size="
+            f"{cfg.batch_size}{'' if secs is None else f': one takes about {secs:.0f} s at the rate sampled'}); "
+            "a smaller --batch_size or more envs (--num_workers, --num_envs_per_worker) fill one sooner",
+            file=sys.stderr,
+        )
+        return UNTRAINED_EXIT
     return 1 if summary["status"] == "failed" else 0
 
 

@@ -23,7 +23,7 @@ import logging
 import os
 import signal
 import time
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -33,6 +33,7 @@ from msf.distributed.collectives import collectives_of
 from msf.distributed.topology import RankInfo
 from msf.envs.registry import EnvSpaces
 from msf.learning.learner import Learner
+from msf.persistence.checkpoint import list_checkpoints
 from msf.persistence.sf2_checkpoint import as_msf_checkpoint
 from msf.persistence.summaries import TensorBoardSummaries, setup_logging, write_json_atomic
 from msf.persistence.train_state import TrainState
@@ -80,9 +81,21 @@ class _SignalHandler(Signals):
     """
 
     def __init__(self, launcher_ends_on_second_interrupt: bool = False) -> None:
-        super().__init__(self._stop, self._checkpoint, None if launcher_ends_on_second_interrupt else exit_on_interrupt)
+        super().__init__(self._stop, self._checkpoint, None if launcher_ends_on_second_interrupt else self._again)
         self.loop: TrainingLoop | None = None
+        # rank 0's: writes summary.json with status "interrupted" (None: nothing to write, or written already)
+        self.last_words: Callable[[], None] | None = None
         self.install()
+
+    def _again(self, signum: int) -> None:
+        """A second Ctrl-C: rank 0 leaves a summary.json that says so (a small file written atomically: nothing
+        that waits on another process), then the process exits at once (:func:`exit_on_interrupt`)."""
+        if signum == signal.SIGINT and self.last_words is not None:
+            try:
+                self.last_words()
+            except Exception as e:  # noqa: BLE001 - the exit comes first
+                os.write(2, f"msf-train: summary.json could not be written: {e}\n".encode())
+        exit_on_interrupt(signum)
 
     def _checkpoint(self) -> None:
         if self.loop is not None:
@@ -159,12 +172,20 @@ def run_device_group(
         raise
     signals.attach(loop)
     t0 = time.monotonic()
+    summary_path = os.path.join(exp_dir, "summary.json")
+    if rank.is_main:
+        signals.last_words = lambda: write_json_atomic(
+            summary_path, run_summary(loop, "interrupted", time.monotonic() - t0, exp_dir)
+        )
     status, error = _run_loop(loop, sampler, tb)
+    if status == "done" and loop.untrained():
+        status = "untrained"  # the budget or the time ran out before any batch filled
     summary = None
     if rank.is_main:
-        summary = loop.reporter.summary(status, time.monotonic() - t0)
+        summary = run_summary(loop, status, time.monotonic() - t0, exp_dir)
         try:
-            write_json_atomic(os.path.join(exp_dir, "summary.json"), summary)
+            write_json_atomic(summary_path, summary)
+            signals.last_words = None
         except OSError as e:  # a full disk: the run's own failure (a checkpoint write, say) is what to report
             log.error("summary.json could not be written: %s", e)
             if status != "failed":
@@ -173,6 +194,18 @@ def run_device_group(
     signals.restore()
     if error is not None:  # status "failed"
         raise RunFailed(failure_line(error)) from error
+    return summary
+
+
+def run_summary(loop: TrainingLoop, status: str, wall: float, exp_dir: str) -> dict:
+    """``summary.json`` (:func:`msf.runner.reporter.run_summary`) with each policy's health
+    (:meth:`~msf.runner.run_health.RunHealth.add_to_summary`) and newest periodic checkpoint (``last_checkpoint``,
+    None: none; policy 0's at the top level too)."""
+    summary = loop.reporter.summary(status, wall)
+    loop.health.add_to_summary(summary, time.monotonic())
+    for p, ps in enumerate(summary["policies"].values()):
+        ps["last_checkpoint"] = next(map(os.path.abspath, reversed(list_checkpoints(exp_dir, p))), None)
+    summary["last_checkpoint"] = summary["policies"]["0"]["last_checkpoint"]
     return summary
 
 
@@ -327,7 +360,7 @@ def _run_loop(loop: TrainingLoop, sampler: Sampler, tb: TensorBoardSummaries | N
     try:
         status = loop.run()
         sampler.stop()  # the workers close their envs while the final checkpoint is written
-        if loop.iteration > 0:  # a stop before the first training step leaves the checkpoints as they were
+        if not loop.untrained():  # a run without an SGD step leaves the checkpoints as they were
             loop.checkpoints.save(wait=True)
     except Exception as e:  # noqa: BLE001 - any failure ends the run with status "failed"
         log.error("run failed: %s", e, exc_info=sampler.logs_tracebacks)

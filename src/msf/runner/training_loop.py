@@ -29,6 +29,7 @@ from msf.runner.checkpoints import Checkpoints
 from msf.runner.episode_tally import EpisodeTally
 from msf.runner.pbt_round import PbtRounds
 from msf.runner.reporter import IterationCounts, Reporter
+from msf.runner.run_health import RunHealth
 from msf.runtime.affinity import LearnerThreadRetune
 from msf.runtime.reaping import ChildDied
 from msf.sampling.messages import EpisodeStats
@@ -115,6 +116,8 @@ class TrainingLoop:
         # --deterministic: episodes read from the batches in env order, not from the workers' timed reports
         self.tallies = [EpisodeTally() for _ in learners] if cfg.deterministic else None
         self.checkpoints = Checkpoints(cfg, exp_dir, state, learners, rank, self.start_time)
+        self.health = RunHealth(cfg, derived, [learner.train_step for learner in learners])
+        self.taken: list[tuple[int, int]] = []  # per policy, the last pass's (trajectories, of them dropped)
         self.pbt = PbtRounds(cfg, state, learners, weights, world, rank.is_main, self.frames)
         self.stop_reason: str | None = None
         # the run failed through an agreement (a worker's failure, on this replica or another), before this pass
@@ -136,6 +139,10 @@ class TrainingLoop:
         """Write a checkpoint at the next agreement (on any replica: rank 0 writes it), as when
         ``--save_every_sec`` has passed; the run goes on. (A signal handler's: it only counts the request.)"""
         self.checkpoint_requests += 1
+
+    def untrained(self) -> bool:
+        """No policy made an SGD step in this run."""
+        return self.health.untrained([learner.train_step for learner in self.learners])
 
     def request_stop(self, reason: str) -> None:
         """Stop after the current iteration (the first reason given is kept): ``"stopped"`` or ``"done"``."""
@@ -161,9 +168,10 @@ class TrainingLoop:
 
     def _take_batches(self) -> list[Batch | None]:
         """Each policy's next batch, or None while it has fewer trajectories than an iteration needs."""
-        batches = []
+        batches, self.taken = [], []
         for p, learner in enumerate(self.learners):
             taken = self.batcher.take(p, learner.policy_version)
+            self.taken.append((taken.trajectories, taken.dropped))
             # Steps are counted here, when the learner takes them: between two agreements each replica
             # takes at most one iteration's trajectories per policy, so a run ends less than one global
             # iteration past its budget.
@@ -264,6 +272,8 @@ class TrainingLoop:
         self.reporter.show_progress()
         self.reporter.startup_progress()
         now = time.monotonic()
+        started = self.reporter.envs_started_after_s is not None
+        self.health.observe(now, started, self.taken, [learner.train_step for learner in self.learners])
         time_spent = now - self.start_time >= self.cfg.train_for_seconds
         idle = all(b is None for b in batches)
         self.reporter.stalled_workers(learner_waiting=idle)
