@@ -432,13 +432,16 @@ def _report(cfg: Config, plan: NodePlan, exp_dir: str) -> int:
         f"(last {cfg.stats_avg} episodes)"
     )
     if summary["status"] == "untrained":
+        from msf.persistence.summaries import LOG_FILE_ONLY
+
         secs = summary["policies"]["0"].get("batch_seconds")
-        print(
-            f"msf-train: untrained: the run ended before any batch filled, no SGD step (--batch_size="
-            f"{cfg.batch_size}{'' if secs is None else f': one takes about {secs:.0f} s at the rate sampled'}); "
-            "a smaller --batch_size or more envs (--num_workers, --num_envs_per_worker) fill one sooner",
-            file=sys.stderr,
+        line = (
+            f"untrained: the run ended before any batch filled, no SGD step (--batch_size={cfg.batch_size}"
+            f"{'' if secs is None else f': one takes about {secs:.0f} s at the rate sampled'}); a smaller "
+            "--batch_size or more envs (--num_workers, --num_envs_per_worker) fill one sooner"
         )
+        print(f"msf-train: {line}", file=sys.stderr)
+        logging.getLogger("msf").warning("%s", line, extra=LOG_FILE_ONLY)
         return UNTRAINED_EXIT
     return 1 if summary["status"] == "failed" else 0
 

@@ -31,6 +31,7 @@ def test_a_run_whose_batch_never_fills_ends_untrained_with_its_own_exit_code(tra
     assert (s["status"], s["train_steps"], s["last_checkpoint"]) == ("untrained", 0, None), s
     assert s["policies"]["0"]["batch_seconds"] > 8, s["policies"]["0"]
     (line,) = [ln for ln in r.stderr.splitlines() if ln.startswith("msf-train: untrained")]
+    assert "untrained: the run ended before any batch filled" in (train_dir / "untrained" / "log.txt").read_text()
     assert "--batch_size=1048576" in line and "--num_workers" in line, line
 
 
