@@ -64,7 +64,7 @@ def remove_dead_runs_semaphores() -> None:
         entries = [e for e in os.listdir(SHM) if e.startswith(PREFIX) and e[len(PREFIX) :].isdigit()]
     except OSError:
         return
-    removed, pids = 0, []
+    removed, pids = 0, list[int]()
     for e in sorted(entries):
         path, pid = os.path.join(SHM, e), int(e[len(PREFIX) :])
         try:
