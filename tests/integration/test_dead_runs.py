@@ -27,7 +27,7 @@ def _semaphores_of_session(sid: int) -> set[str]:
         if e.isdigit() and _session_of(int(e)) == sid:
             try:
                 with open(f"/proc/{e}/maps") as f:
-                    files |= {line.split()[-1] for line in f if "/dev/shm/sem." in line}
+                    files |= {line.split()[-1] for line in f if line.split()[-1].startswith("/dev/shm/sem.")}
             except OSError:
                 pass
     return files
@@ -79,3 +79,35 @@ def test_the_semaphores_of_a_killed_run_are_removed_by_the_next_run(train_dir):
     # one line (another dead run of this user may be named too)
     lines = re.findall(r"removed (\d+) semaphores of dead msf runs \(pids ([\d, ]+)\)", r.stdout + r.stderr)
     assert len(lines) == 1 and int(lines[0][0]) >= len(left) and str(p.pid) in lines[0][1].split(", "), lines
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc") or not os.path.isdir("/dev/shm"), reason="Linux's /dev/shm only")
+def test_semaphores_removed_under_a_running_run_make_one_line_at_its_exit(train_dir):
+    """The run's semaphore files are removed while it trains (systemd-logind's RemoveIPC, an rm): it trains on and
+    ends done, and its exit says so in one line. Before, multiprocessing's clean-up printed a traceback and a
+    resource-tracker warning for each of them (36 of each)."""
+    p = popen_msf(
+        [
+            "--env=CartPole-v1",
+            "--experiment=removed",
+            f"--train_dir={train_dir}",
+            "--num_workers=2",
+            "--train_for_seconds=12",
+        ],
+        start_new_session=True,
+    )
+    try:
+        wait_until_training(train_dir / "removed")
+        files = _semaphores_of_session(p.pid)
+        for f in files:
+            os.unlink(f)
+        out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            _kill_session(p.pid)
+            p.wait(30)
+    assert len(files) >= 10 and p.returncode == 0, err[-3000:]
+    assert read_summary(train_dir, "removed")["status"] == "done"
+    assert "Traceback" not in out + err and "resource_tracker" not in out + err, err[-3000:]
+    lines = [line for line in (out + err).splitlines() if "were removed while it ran" in line]
+    assert len(lines) == 1 and "RemoveIPC" in lines[0], lines

@@ -6,7 +6,9 @@ which dies with the run when the whole process group is killed (``kill -9``, the
 the machine restarts. So each process that makes them writes their names to ``/dev/shm/msf-semaphores.<pid>``
 (:func:`record_semaphores`; the first line: the process's start time, against the reuse of its pid), removed at
 its exit; :func:`remove_dead_runs_semaphores`, at the start of every run, unlinks the semaphores listed by the
-records of processes that are gone, and the records.
+records of processes that are gone, and the records. Semaphores removed under a running run (systemd-logind's
+``RemoveIPC`` at a logout, a user's ``rm``) do not stop it; at its exit :func:`forget_removed_semaphores` says so in
+one line, where multiprocessing's clean-up would print a traceback and a warning for each.
 """
 
 from __future__ import annotations
@@ -46,15 +48,35 @@ def record_semaphores(*objs: Any) -> None:
     except OSError:
         return
     if new:
-        atexit.register(_forget, path, pid)
+        atexit.register(_at_exit, path, pid)  # before multiprocessing's clean-up (atexit runs the last first)
 
 
-def _forget(path: str, pid: int) -> None:
+def _at_exit(path: str, pid: int) -> None:
     if os.getpid() == pid:  # not in a forked child
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
+        forget_removed_semaphores()
+        _unlink(path)
+
+
+def forget_removed_semaphores() -> None:
+    """The semaphores this process made whose files were removed while it ran: log one line, and take them off
+    multiprocessing's clean-up (the finalizer that would unlink each, the resource tracker's list), which would
+    print a traceback and a warning for each."""
+    from multiprocessing import resource_tracker, synchronize, util
+
+    cleanup = synchronize.SemLock._cleanup  # type: ignore[attr-defined]  # a private static method
+    pending = [f for f in list(util._finalizer_registry.values()) if f._callback is cleanup]  # type: ignore[attr-defined]
+    removed = [f for f in pending if not os.path.exists(os.path.join(SHM, f"sem.{str(f._args[0]).lstrip('/')}"))]
+    for f in removed:
+        name = f._args[0]
+        f.cancel()
+        resource_tracker.unregister(name, "semaphore")
+    if removed:
+        logging.getLogger("msf").warning(
+            "%d of this run's semaphores (%s/sem.mp-*) were removed while it ran (systemd-logind's RemoveIPC at a "
+            "logout, or an rm); training went on with them",
+            len(removed),
+            SHM,
+        )
 
 
 def remove_dead_runs_semaphores() -> None:
