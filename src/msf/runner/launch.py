@@ -203,6 +203,7 @@ def _launch_node(cfg: Config, spaces: EnvSpaces, plan: NodePlan, attempt: int) -
             # a rank that was killed could not stop its workers: they stop by themselves (their parent is gone),
             # and whatever does not in time is killed with what it started
             remove_engine_files(end_orphans(stop_budget_s(cfg.num_envs_per_worker), keep=had).values())
+            remove_dead_runs_semaphores()  # and the semaphores of a rank that was killed
             become_subreaper(False)
         finally:
             signals.restore()  # only now: a second Ctrl-C while the orphans stop still exits at once
