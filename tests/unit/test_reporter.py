@@ -149,6 +149,7 @@ def test_the_summary_holds_the_runs_figures():
         "pbt_replacements",
         "resumed_from_env_steps",
         "envs_started_after_s",
+        "startup_s",
         "return_target_reached_at",
     } == s.keys()
     assert (s["status"], s["env_steps"], s["episodes"], s["dropped_trajectories"]) == ("done", 3000, 2, 1)

@@ -223,6 +223,22 @@ def test_the_envs_of_one_worker_start_at_different_moments():
     np.testing.assert_array_equal(plain.reset()[2], gym.make("CartPole-v1").reset(seed=105)[0])
 
 
+def test_the_decorrelation_of_a_worker_costs_steps_linear_in_its_envs():
+    """256 envs of rollout 32 on one worker take 65,280 random steps in all, none 16 rollouts (512) or more: at most
+    256 x 512, where Sample Factory's j x rollout made 256 x 255 / 2 x 32 = 1,044,480 (148 s of start-up); a worker
+    of 16 envs or fewer keeps j x rollout."""
+    from msf.envs.vector import GymSplit
+
+    cfg = Config(env="CartPole-v1", rollout=32, num_envs_per_worker=256)
+    steps = GymSplit(cfg, 1, list(range(256, 512)), seed=0).random_steps  # worker 1: envs 256..511
+    assert steps[:5] == [0, 2, 4, 6, 8] and steps[-1] == 510
+    assert sum(steps) == 65_280 and max(steps) < 512
+    assert GymSplit(Config(env="CartPole-v1", rollout=32, num_envs_per_worker=16), 0, [0, 15], 0).random_steps == [
+        0,
+        15 * 32,
+    ]
+
+
 def test_worker_i_of_n_waits_i_over_n_of_the_decorrelation_time():
     from msf.sampling.rollout_worker import decorrelation_delay
 

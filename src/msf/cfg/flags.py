@@ -260,7 +260,9 @@ class SamplingFlags:
         True,
         "After its first reset, env j of a rollout worker takes j x rollout random actions (drawn from its action "
         "space, seeded by the env's seed), so that the envs of one worker are at different moments of their "
-        "episodes (Sample Factory's flag, meaning and default; gymnasium backend)",
+        "episodes (Sample Factory's flag, meaning and default; gymnasium backend). With more than 16 envs per "
+        "worker, j x rollout x 16 / num_envs_per_worker: no env takes 16 rollouts or more, so the start-up grows "
+        "with the envs, not with their square",
     )
     force_envs_single_thread: bool = flag(
         False,

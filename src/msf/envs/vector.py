@@ -24,6 +24,18 @@ import numpy as np
 from msf.cfg.validation import ENVPOOL_CLASSIC, ENVPOOL_SERVES, ConfigError, envpool_serves
 from msf.envs.registry import env_config_of, make_env, num_agents_of
 
+DECORRELATION_ROLLOUTS = 16
+"""With ``--decorrelate_envs_on_one_worker``, no env takes this many rollouts of random steps or more."""
+
+
+def decorrelation_steps(j: int, n: int, rollout: int) -> int:
+    """The random steps env ``j`` of a worker's ``n`` takes after its first reset (--decorrelate_envs_on_one_worker):
+    ``j x rollout`` (Sample Factory's rule) while ``n`` <= :data:`DECORRELATION_ROLLOUTS`; with more envs, ``j x
+    rollout x D / n`` (rounded down) of ``D`` = :data:`DECORRELATION_ROLLOUTS`: spread as evenly over ``D``
+    rollouts, so that the start-up grows with ``n``, not with its square (256 envs of rollout 32: 65,280 steps in
+    all, against 1,044,480)."""
+    return j * rollout * min(n, DECORRELATION_ROLLOUTS) // max(n, 1)
+
 
 class GymSplit:
     """``n`` gymnasium envs made by :func:`msf.envs.registry.make_env`, stepped one after the other; with a
@@ -58,11 +70,11 @@ class GymSplit:
             self.close()  # an env that starts a process (ViZDoom's engine) must not outlive a failed start
             raise
         self.seeds = [seed + i for i in env_indices]
-        # --decorrelate_envs_on_one_worker: env j of the worker takes j x rollout random actions after its reset
         per_worker = int(getattr(cfg, "num_envs_per_worker", 1))
         decorrelate = bool(getattr(cfg, "decorrelate_envs_on_one_worker", False))
         self.random_steps = [
-            (i - worker_index * per_worker) * int(cfg.rollout) if decorrelate else 0 for i in env_indices
+            decorrelation_steps(i - worker_index * per_worker, per_worker, int(cfg.rollout)) if decorrelate else 0
+            for i in env_indices
         ]
         self.on_env = on_env
         self.action_space = self.envs[0].action_space

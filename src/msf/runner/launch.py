@@ -46,6 +46,7 @@ from msf.runner.experiment import experiment_dir
 from msf.runner.training_loop import AgreementTimedOut, ComponentFailed, PeerFailed
 from msf.runtime.reaping import become_subreaper, children_now, end_orphans, stop_budget_s
 from msf.runtime.registrations import restore, snapshot
+from msf.runtime.semaphore_records import record_semaphores, remove_dead_runs_semaphores
 from msf.runtime.signals import Signals, ignore, set_handlers
 from msf.runtime.spawning import release_semaphores, use_quiet_executable
 
@@ -121,6 +122,7 @@ def launch(cfg: Config, spaces: EnvSpaces, plan: NodePlan = SINGLE) -> None:
         RuntimeError: a rank failed, was lost, or never joined; the message names it.
     """
     assert cfg.nproc_per_node is not None, "resolve() sets it"
+    remove_dead_runs_semaphores()
     if plan.launcher != "local":
         assert plan.rank is not None and plan.local_rank is not None, "a plan of one rank sets them"
         rank = RankInfo(
@@ -164,6 +166,7 @@ def _launch_node(cfg: Config, spaces: EnvSpaces, plan: NodePlan, attempt: int) -
     signals = _NodeSignals()  # before anything is spawned: a signal that comes meanwhile is passed on too
     try:
         errors = mp.get_context("spawn").SimpleQueue()
+        record_semaphores(errors)
         had = children_now()  # a program that calls msf-train may have children of its own: never touched
         become_subreaper()
         with _quiet_c10d_warnings():
@@ -200,6 +203,7 @@ def _launch_node(cfg: Config, spaces: EnvSpaces, plan: NodePlan, attempt: int) -
             # a rank that was killed could not stop its workers: they stop by themselves (their parent is gone),
             # and whatever does not in time is killed with what it started
             remove_engine_files(end_orphans(stop_budget_s(cfg.num_envs_per_worker), keep=had).values())
+            remove_dead_runs_semaphores()  # and the semaphores of a rank that was killed
             become_subreaper(False)
         finally:
             signals.restore()  # only now: a second Ctrl-C while the orphans stop still exits at once

@@ -55,6 +55,47 @@ class PolicyReport:
     empty_batches: int = 0
 
 
+class StartUp:
+    """The start-up of a device group, from spawning its rollout workers (``start_time``) until every env had started
+    (made and reset once: ``envs_started_after_s``) and until the first training step (``startup_s``: the envs'
+    start, their decorrelation steps and the first batch), each logged once; until the envs have started, a note
+    of how far they are every 10 s (a long start-up would be silent otherwise)."""
+
+    def __init__(self, cfg: Config, counters: Sequence[RolloutCounters], start_time: float):
+        self.cfg, self.counters, self.start_time, self.noted = cfg, counters, start_time, start_time
+        self.envs_started_after_s: float | None = None
+        self.startup_s: float | None = None
+
+    def trained(self, now: float) -> None:
+        if self.startup_s is None:
+            self.startup_s = t = now - self.start_time
+            since = "the start of the run (--serial_mode)" if self.cfg.serial_mode else "spawning the rollout workers"
+            log.info("start-up took %.1f s: from %s to the first training step (startup_s in summary.json)", t, since)
+
+    def progress(self, now: float) -> None:
+        if self.envs_started_after_s is not None:
+            return
+        n, counters = self.cfg.num_envs_per_worker, self.counters
+        total, started = n * len(counters), sum(min(c.envs_started, n) for c in counters)
+        if started >= total:
+            self.envs_started_after_s = t = now - self.start_time
+            how = f"of {len(counters)} rollout worker(s) started, {t:.1f} s after the workers were spawned"
+            serial = "started, in this process (--serial_mode)"  # one process: no worker was spawned
+            log.info("all %d environments %s", total, serial if self.cfg.serial_mode else how)
+        elif now - self.noted >= STARTUP_NOTE_S:
+            self.noted = now
+            log.info(
+                "starting the environments: %d of %d made, %d started; %d of %d rollout worker(s) ready "
+                "(%.0f s since the workers were spawned)",
+                sum(min(c.envs_made, n) for c in counters),
+                total,
+                started,
+                sum(c.envs_started >= n for c in counters),
+                len(counters),
+                now - self.start_time,
+            )
+
+
 class StallWatch:
     """Sample Factory's heartbeat, mapped onto msf's supervision. A dead or failed worker ends the run at once
     (:func:`msf.runner.training_loop.poll_children`); a worker that is alive but stepping nothing is only seen
@@ -139,8 +180,7 @@ class Reporter:
         self.global_stats: dict[str, Any] = {}
         self.summary_frames: int | None = None
         self.target_reached_frames: int | None = None
-        self.envs_started_after_s: float | None = None
-        self.startup_noted = start_time
+        self.startup = StartUp(cfg, rollout_wait, start_time)
         self.stall_watch = StallWatch(cfg.heartbeat_interval, cfg.heartbeat_reporting_interval)
         self.progress = Progress(cfg.train_for_env_steps, cfg.with_progress_bar and rank.is_main, initial=self.frames)
 
@@ -166,6 +206,7 @@ class Reporter:
         else:
             pr.lag, pr.lag_max_run = lag, max(pr.lag_max_run, lag[2])
         pr.train = stats
+        self.startup.trained(self.clock())
 
     def reached_target(self, target: float | None) -> bool:
         """Some policy's mean return at the last summary (all-gathered: the same on every replica) reached
@@ -214,36 +255,17 @@ class Reporter:
         return rollout, inference, learner
 
     def startup_progress(self) -> None:
-        """Until every env of this device group has started (made and reset once): every 10 s, log how far the
-        start-up is (a long one would be silent otherwise); once all have, log how long it took
-        (``envs_started_after_s`` in ``summary.json``)."""
-        if self.envs_started_after_s is not None:
-            return
-        now, n, counters = self.clock(), self.cfg.num_envs_per_worker, self.rollout_wait
-        total, started = n * len(counters), sum(min(c.envs_started, n) for c in counters)
-        if started >= total:
-            self.envs_started_after_s = t = now - self.start_time
-            how = f"of {len(counters)} rollout worker(s) started, {t:.1f} s after the workers were spawned"
-            serial = "started, in this process (--serial_mode)"  # one process: no worker was spawned
-            log.info("all %d environments %s", total, serial if self.cfg.serial_mode else how)
-        elif now - self.startup_noted >= STARTUP_NOTE_S:
-            self.startup_noted = now
-            log.info(
-                "starting the environments: %d of %d made, %d started; %d of %d rollout worker(s) ready "
-                "(%.0f s since the workers were spawned)",
-                sum(min(c.envs_made, n) for c in counters),
-                total,
-                started,
-                sum(c.envs_started >= n for c in counters),
-                len(counters),
-                now - self.start_time,
-            )
+        """See :meth:`StartUp.progress`."""
+        self.startup.progress(self.clock())
 
     def stalled_workers(self, learner_waiting: bool) -> str | None:
         """Sample Factory's heartbeat on msf's counters (:class:`StallWatch`): log and return the warning that
         names this device group's stalled rollout workers, if one is due."""
         stalled = self.stall_watch.check(
-            self.clock(), [c.steps for c in self.rollout_wait], learner_waiting, self.envs_started_after_s is not None
+            self.clock(),
+            [c.steps for c in self.rollout_wait],
+            learner_waiting,
+            self.startup.envs_started_after_s is not None,
         )
         if stalled is None:
             return None
@@ -452,7 +474,10 @@ def run_summary(rep: Reporter, status: str, wall: float) -> dict:
         "pbt_replacements": c.pbt_replacements,
         # seconds from spawning the workers until every env of rank 0's device group had started (None:
         # the run ended before)
-        "envs_started_after_s": rep.envs_started_after_s,
+        "envs_started_after_s": rep.startup.envs_started_after_s,
+        # seconds from spawning the workers until this device group's first training step: the envs' start, their
+        # decorrelation steps and the first batch (None: the run never trained)
+        "startup_s": rep.startup.startup_s,
         # the env steps of the checkpoint this run resumed from (None: it started from scratch)
         "resumed_from_env_steps": c.resumed_env_steps,
         # frames (env steps without summaries_use_frameskip) at which --stop_at_return_mean was reached and the run

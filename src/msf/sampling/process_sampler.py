@@ -12,6 +12,7 @@ from msf.envs.families import remove_engine_files
 from msf.envs.registry import EnvSpaces
 from msf.runtime import reaping, spawning
 from msf.runtime.affinity import usable_cores
+from msf.runtime.semaphore_records import record_semaphores
 from msf.sampling.inference_worker import inference_worker_main
 from msf.sampling.plan import DeviceGroup, WorkerPlan, plan_workers
 from msf.sampling.protocol import ComponentFailed
@@ -41,6 +42,7 @@ class ProcessSampler:
         self.envs_per_worker = cfg.num_envs_per_worker
         group = dataclasses.replace(group, cores=tuple(usable_cores()) if cfg.set_workers_cpu_affinity else None)
         plan = plan_workers(cfg, derived, spaces, group, self.stop_event, spawning.CTX)
+        record_semaphores(self.stop_event, self.failures, plan)  # a run killed with them: the next one unlinks them
         self.full_queue, self.free_queues, self.stats_queue = plan.full_queue, plan.free_queues, plan.stats_queue
         self.inference_stats, self.rollout_wait = plan.inference_stats, plan.rollout_wait
         _log_pins(cfg, plan, group.cores)

@@ -1,0 +1,113 @@
+"""What a run killed with SIGKILL leaves in /dev/shm is removed by the next run."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+
+import pytest
+
+from .conftest import popen_msf, read_summary, run_msf, wait_until_training
+
+
+def _session_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[3])  # field 6: the session id
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _semaphores_of_session(sid: int) -> set[str]:
+    """The named semaphores (/dev/shm/sem.*) that the processes of session ``sid`` have mapped."""
+    files = set()
+    for e in os.listdir("/proc"):
+        if e.isdigit() and _session_of(int(e)) == sid:
+            try:
+                with open(f"/proc/{e}/maps") as f:
+                    files |= {line.split()[-1] for line in f if line.split()[-1].startswith("/dev/shm/sem.")}
+            except OSError:
+                pass
+    return files
+
+
+def _kill_session(sid: int) -> None:
+    """SIGKILL every process of session ``sid`` at once, the workers' own process groups included (as a
+    container's or a job's kill does)."""
+    for e in os.listdir("/proc"):
+        if e.isdigit() and _session_of(int(e)) == sid:
+            try:
+                os.kill(int(e), signal.SIGKILL)
+            except OSError:
+                pass
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc") or not os.path.isdir("/dev/shm"), reason="Linux's /dev/shm only")
+def test_the_semaphores_of_a_killed_run_are_removed_by_the_next_run(train_dir):
+    """Every process of a training run is SIGKILLed: its named semaphores (/dev/shm/sem.mp-*) stay, as the
+    resource tracker that would unlink them died with it. The next run removes them and says so in one line.
+    Before, they stayed until the machine restarted (27 files after five runs)."""
+    p = popen_msf(
+        ["--env=CartPole-v1", "--experiment=killed", f"--train_dir={train_dir}", "--num_workers=2"],
+        start_new_session=True,
+    )
+    try:
+        wait_until_training(train_dir / "killed")
+        files = _semaphores_of_session(p.pid)
+        _kill_session(p.pid)
+        p.wait(30)
+    finally:
+        if p.poll() is None:
+            _kill_session(p.pid)
+            p.wait(30)
+    deadline = time.monotonic() + 10
+    while any(_session_of(int(e)) == p.pid for e in os.listdir("/proc") if e.isdigit()):
+        assert time.monotonic() < deadline, "the killed run's processes are still there"
+        time.sleep(0.1)
+    left = [f for f in files if os.path.exists(f)]
+    assert len(left) >= 10, (files, left)  # the queues and events of the sampler, at least
+    r = run_msf(
+        ["--env=CartPole-v1", "--experiment=next", f"--train_dir={train_dir}", "--train_for_env_steps=1000"],
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert read_summary(train_dir, "next")["status"] == "done"
+    assert [f for f in files if os.path.exists(f)] == []
+    assert not os.path.exists(f"/dev/shm/msf-semaphores.{p.pid}")  # its record, with them
+    # one line (another dead run of this user may be named too)
+    lines = re.findall(r"removed (\d+) semaphores of dead msf runs \(pids ([\d, ]+)\)", r.stdout + r.stderr)
+    assert len(lines) == 1 and int(lines[0][0]) >= len(left) and str(p.pid) in lines[0][1].split(", "), lines
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc") or not os.path.isdir("/dev/shm"), reason="Linux's /dev/shm only")
+def test_semaphores_removed_under_a_running_run_make_one_line_at_its_exit(train_dir):
+    """The run's semaphore files are removed while it trains (systemd-logind's RemoveIPC, an rm): it trains on and
+    ends done, and its exit says so in one line. Before, multiprocessing's clean-up printed a traceback and a
+    resource-tracker warning for each of them (36 of each)."""
+    p = popen_msf(
+        [
+            "--env=CartPole-v1",
+            "--experiment=removed",
+            f"--train_dir={train_dir}",
+            "--num_workers=2",
+            "--train_for_seconds=12",
+        ],
+        start_new_session=True,
+    )
+    try:
+        wait_until_training(train_dir / "removed")
+        files = _semaphores_of_session(p.pid)
+        for f in files:
+            os.unlink(f)
+        out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            _kill_session(p.pid)
+            p.wait(30)
+    assert len(files) >= 10 and p.returncode == 0, err[-3000:]
+    assert read_summary(train_dir, "removed")["status"] == "done"
+    assert "Traceback" not in out + err and "resource_tracker" not in out + err, err[-3000:]
+    lines = [line for line in (out + err).splitlines() if "were removed while it ran" in line]
+    assert len(lines) == 1 and "RemoveIPC" in lines[0], lines
