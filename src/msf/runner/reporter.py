@@ -55,7 +55,7 @@ class PolicyReport:
     empty_batches: int = 0
 
 
-class StartUp:
+class StartUpProgress:
     """The start-up of a device group, from spawning its rollout workers (``start_time``) until every env had started
     (made and reset once: ``envs_started_after_s``) and until the first training step (``startup_s``: the envs'
     start, their decorrelation steps and the first batch), each logged once; until the envs have started, a note
@@ -180,7 +180,7 @@ class Reporter:
         self.global_stats: dict[str, Any] = {}
         self.summary_frames: int | None = None
         self.target_reached_frames: int | None = None
-        self.startup = StartUp(cfg, rollout_wait, start_time)
+        self.startup = StartUpProgress(cfg, rollout_wait, start_time)
         self.stall_watch = StallWatch(cfg.heartbeat_interval, cfg.heartbeat_reporting_interval)
         self.progress = Progress(cfg.train_for_env_steps, cfg.with_progress_bar and rank.is_main, initial=self.frames)
 

@@ -272,7 +272,7 @@ class TrainingLoop:
         self.reporter.show_progress()
         self.reporter.startup_progress()
         now = time.monotonic()
-        started = self.reporter.envs_started_after_s is not None
+        started = self.reporter.startup.envs_started_after_s is not None
         self.health.observe(now, started, self.taken, [learner.train_step for learner in self.learners])
         time_spent = now - self.start_time >= self.cfg.train_for_seconds
         idle = all(b is None for b in batches)
