@@ -101,6 +101,31 @@ def test_env_failure_ends_run_and_keeps_checkpoint(train_dir):
     assert state["env_steps"] > 0
 
 
+@pytest.mark.parametrize(
+    "env, field, value", [("MsfNanCartPole", "observation", "nan"), ("MsfInfRewardCartPole", "reward", "inf")]
+)
+def test_a_non_finite_observation_or_reward_ends_the_run_in_one_line_naming_the_env(train_dir, env, field, value):
+    """Env 5 (of rollout worker 1) returns a NaN observation or an infinite reward at step 5 of its 30th episode:
+    the run fails with one line naming the env, the worker, the env index, the episode step and the field (on
+    stderr and as summary.json's ``error``), not with torch's sampling error in the inference worker; no
+    checkpoint written holds a non-finite value."""
+    exp = train_dir / "nonfinite"
+    r = run_msf(["--env=msf_test_envs:" + env, "--experiment=nonfinite", f"--train_dir={train_dir}", *SMALL_RUN], 90)
+    assert r.returncode == 1, r.stderr[-3000:]
+    line = f"msf_test_envs:{env} returned a non-finite {field} ({value}) on rollout worker 1, env 5, at episode step 5"
+    s = read_summary(train_dir, "nonfinite")
+    assert s["status"] == "failed" and s["error"].startswith("rollout_worker_1 (pid "), s
+    assert s["error"].endswith(f" failed: {line}"), s["error"]
+    assert r.stderr.strip().splitlines()[-1].startswith(f"msf-train: a device group failed: {s['error']} (details")
+    log = (exp / "log.txt").read_text()
+    assert "Traceback" not in log and "probability tensor" not in log, log[-3000:]
+    ckpts = sorted((exp / "checkpoint_p0").glob("checkpoint_*.pth"))
+    assert ckpts  # the learners' state after the failure
+    for path in ckpts:
+        model = torch.load(path, weights_only=True)["model"]
+        assert all(t.isfinite().all() for t in model.values() if t.is_floating_point()), path
+
+
 @pytest.mark.parametrize("nproc", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_a_workers_failure_saves_the_learners_state_and_a_rerun_resumes_from_it(train_dir, nproc):
     """An env that raises ends the run (status ``failed``, exit code 1), but the learners were between two

@@ -163,6 +163,7 @@ def run_device_group(
     summary = None
     if rank.is_main:
         summary = loop.reporter.summary(status, time.monotonic() - t0)
+        summary["error"] = None if error is None else failure_line(error)  # the cause of a failed run, one line
         try:
             write_json_atomic(os.path.join(exp_dir, "summary.json"), summary)
         except OSError as e:  # a full disk: the run's own failure (a checkpoint write, say) is what to report
