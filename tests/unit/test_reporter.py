@@ -139,6 +139,7 @@ def test_the_summary_holds_the_runs_figures():
         "async_rl",
         "serial_mode",
         "dropped_trajectories",
+        "env_step_calls",
         "world_size",
         "nproc_per_node",
         "nnodes",

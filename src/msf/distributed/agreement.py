@@ -6,8 +6,9 @@ agreement) into a vector; the vectors are summed over ranks, and every rank unpa
 policies train) from the same numbers, and none is left waiting in a collective for a peer that has gone
 (invariant 3 of the design). With one rank the all-reduce is a no-op and the code path is the same.
 
-Layout of the vector (``[8 + P]`` float64, ``P`` policies): stop, failed, summary_due, save_due,
-time_spent, env_steps, episodes, dropped_trajectories, then one entry per policy: has a batch for it.
+Layout of the vector (``[9 + P]`` float64, ``P`` policies): stop, failed, summary_due, save_due,
+time_spent, env_steps, episodes, dropped_trajectories, env_step_calls, then one entry per policy: has a batch
+for it.
 Counts travel as float64, exact up to 2**53.
 """
 
@@ -30,6 +31,7 @@ _SCALARS = (
     "env_steps",
     "episodes",
     "dropped_trajectories",
+    "env_step_calls",
 )
 
 
@@ -44,6 +46,8 @@ class Proposal:
         time_spent: this rank's clock says ``--train_for_seconds`` is spent.
         env_steps, episodes, dropped_trajectories: counted here since the last agreement (agent steps taken
             out of the buffer, finished episodes, trajectories dropped as too old).
+        env_step_calls: the envs' steps (``env.step`` calls) the rollout workers made here since the last
+            agreement (a multi-agent env's call is ``num_agents`` agent steps).
         has_batch: per policy, whether this rank holds a batch for it.
     """
 
@@ -55,10 +59,11 @@ class Proposal:
     env_steps: int = 0
     episodes: int = 0
     dropped_trajectories: int = 0
+    env_step_calls: int = 0
     has_batch: tuple[bool, ...] = ()
 
     def pack(self) -> torch.Tensor:
-        """``[8 + P]`` float64, in the layout of the module docstring."""
+        """``[9 + P]`` float64, in the layout of the module docstring."""
         return _pack(self)
 
     @classmethod
@@ -66,7 +71,7 @@ class Proposal:
         """The proposal that :meth:`pack` made ``v`` from.
 
         Raises:
-            ValueError: ``v`` is not a vector of at least 8 entries.
+            ValueError: ``v`` is not a vector of at least 9 entries.
         """
         scalars, per_policy = _split(v)
         flags = {k: bool(x) for k, x in zip(_SCALARS[:5], scalars[:5])}
@@ -80,7 +85,7 @@ class Decision:
 
     Attributes:
         stop, failed, summary_due, save_due, time_spent: how many ranks proposed each (act on ``> 0``).
-        env_steps, episodes, dropped_trajectories: the global counts since the last agreement.
+        env_steps, episodes, dropped_trajectories, env_step_calls: the global counts since the last agreement.
         has_batch: per policy, how many ranks hold a batch for it (every rank trains the policies with ``> 0``;
             one without a batch brings an all-masked one).
     """
@@ -93,10 +98,11 @@ class Decision:
     env_steps: int = 0
     episodes: int = 0
     dropped_trajectories: int = 0
+    env_step_calls: int = 0
     has_batch: tuple[int, ...] = ()
 
     def pack(self) -> torch.Tensor:
-        """``[8 + P]`` float64, in the layout of the module docstring."""
+        """``[9 + P]`` float64, in the layout of the module docstring."""
         return _pack(self)
 
     @classmethod
@@ -104,7 +110,7 @@ class Decision:
         """The decision held in a summed vector ``v`` (see :meth:`pack`).
 
         Raises:
-            ValueError: ``v`` is not a vector of at least 8 entries.
+            ValueError: ``v`` is not a vector of at least 9 entries.
         """
         scalars, per_policy = _split(v)
         return cls(**{k: int(x) for k, x in zip(_SCALARS, scalars)}, has_batch=tuple(int(x) for x in per_policy))

@@ -54,6 +54,9 @@ class TrainState:
     Attributes:
         env_steps: agent steps of all trajectories the learners took out of their buffers (trained on, or
             dropped as too old). episodes: finished episodes. dropped_trajectories: dropped as too old.
+        env_step_calls: the envs' steps the rollout workers made (``env.step`` calls; a multi-agent env's one
+            call is ``num_agents`` agent steps of ``env_steps``), as of the last agreement; 0 in a checkpoint
+            written before msf counted them.
         policies: per policy, its :class:`PolicyState`.
         pbt_round: PBT rounds so far. pbt_replacements: every PBT replacement of the run (resumes included),
             one dict each, as ``summary.json`` lists them.
@@ -63,6 +66,7 @@ class TrainState:
     env_steps: int = 0
     episodes: int = 0
     dropped_trajectories: int = 0
+    env_step_calls: int = 0
     policies: list[PolicyState] = field(default_factory=lambda: [PolicyState()])
     pbt_round: int = 0
     pbt_replacements: list[dict] = field(default_factory=list)
@@ -96,6 +100,7 @@ class TrainState:
             "episode_returns": list(ps.returns),
             "episode_lengths": list(ps.lengths),
             "dropped_trajectories": self.dropped_trajectories,
+            "env_step_calls": self.env_step_calls,
             "best_metric": ps.best_metric,
             "pbt_round": self.pbt_round,
             "pbt_replacements": list(self.pbt_replacements),
@@ -147,6 +152,7 @@ class TrainState:
             if p == 0:
                 out.env_steps, out.episodes = state["env_steps"], state["episodes"]
                 out.dropped_trajectories = state["dropped_trajectories"]
+                out.env_step_calls = int(state.get("env_step_calls", 0))
                 out.pbt_round = int(state.get("pbt_round", 0))
                 out.pbt_replacements = list(state.get("pbt_replacements", []))
                 out.resumed_env_steps = out.env_steps

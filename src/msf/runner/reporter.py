@@ -442,6 +442,8 @@ def run_summary(rep: Reporter, status: str, wall: float) -> dict:
         "async_rl": cfg.async_rl,
         "serial_mode": cfg.serial_mode,
         "dropped_trajectories": c.dropped_trajectories,
+        # env.step calls (a multi-agent env's counts once, env_steps num_agents times) up to the last agreement
+        "env_step_calls": c.env_step_calls,
         "world_size": rep.rank.world_size,
         "nproc_per_node": rep.rank.nproc_per_node,
         "nnodes": rep.rank.nnodes,

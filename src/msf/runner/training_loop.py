@@ -123,6 +123,7 @@ class TrainingLoop:
         # SIGUSR1s counted (request_checkpoint) and those a checkpoint has served: a count, not a flag that is
         # reset, so that a signal between the read and the reset is not lost
         self.checkpoint_requests = self.checkpoint_requests_taken = 0
+        self.env_step_calls_seen = 0  # the workers' env.step calls counted into an agreement so far
         self.iteration = 0
         self.since_agreement = IterationCounts()
         self.last_summary = self.last_save = self.start_time
@@ -191,6 +192,7 @@ class TrainingLoop:
             env_steps=c.env_steps,
             episodes=c.episodes,
             dropped_trajectories=c.dropped_trajectories,
+            env_step_calls=self._new_env_step_calls(),
             has_batch=tuple(b is not None for b in batches),
         )
         self.since_agreement = IterationCounts()
@@ -209,8 +211,15 @@ class TrainingLoop:
         self.state.env_steps += d.env_steps
         self.state.episodes += d.episodes
         self.state.dropped_trajectories += d.dropped_trajectories
+        self.state.env_step_calls += d.env_step_calls
         self.reporter.agreed(c)
         return d
+
+    def _new_env_step_calls(self) -> int:
+        """The envs' steps this replica's rollout workers made since the last call (split steps x envs per split)."""
+        calls = sum(c.steps for c in self.sampler.rollout_wait) * self.derived.envs_per_split
+        new, self.env_step_calls_seen = calls - self.env_step_calls_seen, calls
+        return new
 
     # --- acting -------------------------------------------------------------------------------
     def _train(self, p: int, batch: Batch, real: bool) -> None:
