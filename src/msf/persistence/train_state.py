@@ -40,11 +40,21 @@ class ResumableLearner(Protocol):
 @dataclass
 class PolicyState:
     """One policy's part of the counters: this replica's last episodes driven by it (raw returns, lengths
-    in agent steps; at most ``--stats_avg`` each) and the metric of its best checkpoint so far."""
+    in agent steps; at most ``--stats_avg`` each), the metric of its best checkpoint so far, and its books (summed
+    over the replicas, resumes included): ``env_steps`` taken out of the buffers, of which ``trained_steps`` were
+    trained on and ``dropped_steps`` dropped as too old; the rest (:attr:`discarded_steps`) the run ended with
+    (a stop, a failure, the end), or its checkpoint was written before they were trained on."""
 
     returns: collections.deque = field(default_factory=collections.deque)
     lengths: collections.deque = field(default_factory=collections.deque)
     best_metric: float | None = None
+    env_steps: int = 0
+    trained_steps: int = 0
+    dropped_steps: int = 0
+
+    @property
+    def discarded_steps(self) -> int:
+        return self.env_steps - self.trained_steps - self.dropped_steps
 
 
 @dataclass
@@ -102,6 +112,7 @@ class TrainState:
             "dropped_trajectories": self.dropped_trajectories,
             "env_step_calls": self.env_step_calls,
             "best_metric": ps.best_metric,
+            "books": {"env_steps": ps.env_steps, "trained": ps.trained_steps, "dropped": ps.dropped_steps},
             "pbt_round": self.pbt_round,
             "pbt_replacements": list(self.pbt_replacements),
         }
@@ -148,6 +159,11 @@ class TrainState:
                 log.info("learning rate set to %g (--learning_rate changed from %g)", learning_rate, saved_lr)
             out.policies[p] = _policy_state(
                 state["episode_returns"], state["episode_lengths"], state.get("best_metric"), stats_avg
+            )
+            books = state.get("books", {})  # none in a checkpoint of an msf that kept no books: from 0
+            ps = out.policies[p]
+            ps.env_steps, ps.trained_steps, ps.dropped_steps = (
+                int(books.get(k, 0)) for k in ("env_steps", "trained", "dropped")
             )
             if p == 0:
                 out.env_steps, out.episodes = state["env_steps"], state["episodes"]
