@@ -84,6 +84,42 @@ def _make_crashing(name, env_config):
 register_env("MsfCrashingCartPole", _make_crashing)  # an msf registration: the maker sees worker_index
 
 
+class NonFiniteCartPole(CartPoleEnv):
+    """CartPole whose env ``MSF_TEST_BAD_ENV`` (global env index, default 5) returns a NaN observation (``field``
+    "observation") or an infinite reward ("reward") at step 5 of its episode ``MSF_TEST_BAD_EPISODE`` (default
+    30, counted from its first reset; every CartPole episode is longer than 5 steps)."""
+
+    def __init__(self, field: str, env_index: int, **kwargs):
+        super().__init__(**kwargs)
+        self.field = field if env_index == int(os.environ.get("MSF_TEST_BAD_ENV", "5")) else None
+        self.bad_episode = int(os.environ.get("MSF_TEST_BAD_EPISODE", "30"))
+        self.episode, self.t = 0, 0
+
+    def reset(self, **kwargs):
+        self.episode, self.t = self.episode + 1, 0
+        return super().reset(**kwargs)
+
+    def step(self, action):
+        obs, r, te, tr, info = super().step(action)
+        self.t += 1
+        if self.field is not None and (self.episode, self.t) == (self.bad_episode, 5):
+            if self.field == "observation":
+                obs = obs.copy()
+                obs[0] = np.nan
+            else:
+                r = float("inf")
+        return obs, r, te, tr, info
+
+
+def _make_non_finite(name, env_config):
+    field = "observation" if name == "MsfNanCartPole" else "reward"
+    return gym.wrappers.TimeLimit(NonFiniteCartPole(field, env_config["env_index"]), 500)
+
+
+register_env("MsfNanCartPole", _make_non_finite)  # a NaN observation
+register_env("MsfInfRewardCartPole", _make_non_finite)  # an infinite reward
+
+
 class CueMemory(gym.Env):
     """A memory task: the first observation shows one of two cues, then ``delay`` (default 8)
     observations carry nothing, then a query observation asks which cue it was. The action taken at

@@ -101,6 +101,32 @@ def test_env_failure_ends_run_and_keeps_checkpoint(train_dir):
     assert state["env_steps"] > 0
 
 
+@pytest.mark.parametrize(
+    "env, field, value", [("MsfNanCartPole", "observation", "nan"), ("MsfInfRewardCartPole", "reward", "inf")]
+)
+def test_a_non_finite_observation_or_reward_ends_the_run_in_one_line_naming_the_env(train_dir, env, field, value):
+    """Env 5 (of rollout worker 1) returns a NaN observation or an infinite reward at step 5 of its 30th episode:
+    the run fails with one line naming the env, the worker, the env index, the episode step and the field (on
+    stderr and as summary.json's ``error``), not with torch's sampling error in the inference worker; no
+    checkpoint written holds a non-finite value."""
+    exp = train_dir / "nonfinite"
+    r = run_msf(["--env=msf_test_envs:" + env, "--experiment=nonfinite", f"--train_dir={train_dir}", *SMALL_RUN], 90)
+    assert r.returncode == 1, r.stderr[-3000:]
+    line = f"msf_test_envs:{env} returned a non-finite {field} ({value}) on rollout worker 1, env 5, at episode step 5"
+    s = read_summary(train_dir, "nonfinite")
+    assert s["status"] == "failed" and s["error"].startswith("rollout_worker_1 (pid "), s
+    assert s["error"].endswith(f" failed: {line}"), s["error"]
+    _assert_the_books_close(s, 256, 32)  # also in a failed run
+    assert r.stderr.strip().splitlines()[-1].startswith(f"msf-train: a device group failed: {s['error']} (details")
+    log = (exp / "log.txt").read_text()
+    assert "Traceback" not in log and "probability tensor" not in log, log[-3000:]
+    ckpts = sorted((exp / "checkpoint_p0").glob("checkpoint_*.pth"))
+    assert ckpts  # the learners' state after the failure
+    for path in ckpts:
+        model = torch.load(path, weights_only=True)["model"]
+        assert all(t.isfinite().all() for t in model.values() if t.is_floating_point()), path
+
+
 @pytest.mark.parametrize("nproc", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_a_workers_failure_saves_the_learners_state_and_a_rerun_resumes_from_it(train_dir, nproc):
     """An env that raises ends the run (status ``failed``, exit code 1), but the learners were between two
@@ -177,6 +203,42 @@ def test_signal_stops_cleanly_with_final_checkpoint(train_dir, sig):
     ckpts = sorted((train_dir / "sig" / "checkpoint_p0").glob("checkpoint_*.pth"))
     assert len(ckpts) == 1  # save_every_sec=1000: this is the final one
     assert torch.load(ckpts[-1], weights_only=True)["env_steps"] == s["env_steps"]
+
+
+def _assert_the_books_close(s: dict, samples_per_iteration: int, rollout: int) -> None:
+    """Per policy and in total, ``env_steps`` = trained + dropped + discarded, each counted on its own: trained
+    from the policy's training iterations (one SGD step each here), dropped from ``dropped_trajectories``."""
+    keys = ("env_steps_trained", "env_steps_dropped", "env_steps_discarded")
+    for b in s["policies"].values():
+        assert b["env_steps"] == sum(b[k] for k in keys) and b["env_steps_discarded"] >= 0, b
+        assert b["env_steps_trained"] == b["train_steps"] * samples_per_iteration, b
+    assert s["env_steps"] == sum(b["env_steps"] for b in s["policies"].values()) == sum(s[k] for k in keys), s
+    assert all(s[k] == sum(b[k] for b in s["policies"].values()) for k in keys), s
+    assert s["env_steps_dropped"] == s["dropped_trajectories"] * rollout, s
+
+
+def test_the_books_close_on_a_stop_and_on_the_resumed_run(train_dir):
+    """Frames taken out of the buffers = trained + dropped as too old + discarded at the end, per policy and in
+    total, in summary.json: after a Ctrl-C (the batches taken at the stop are discarded), and in the run that
+    resumes from its checkpoint and counts on."""
+    args = ["--env=CartPole-v1", "--experiment=books", f"--train_dir={train_dir}", *SMALL_RUN, "--num_policies=2"]
+    p = popen_msf([*args, "--save_every_sec=1000"])
+    try:
+        wait_until_training(train_dir / "books")
+        p.send_signal(INT)
+        _, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    s = read_summary(train_dir, "books")
+    assert (p.returncode, s["status"]) == (0, "stopped"), err[-3000:]
+    _assert_the_books_close(s, 256, 32)
+    r = run_msf([*args, f"--train_for_env_steps={s['env_steps'] + 4096}"], timeout=90)
+    assert r.returncode == 0, r.stderr[-3000:]
+    resumed = read_summary(train_dir, "books")
+    assert resumed["status"] == "done" and resumed["resumed_from_env_steps"] == s["env_steps"], resumed
+    _assert_the_books_close(resumed, 256, 32)
+    assert all(resumed["policies"][q]["env_steps"] > s["policies"][q]["env_steps"] for q in ("0", "1"))
 
 
 def _start_in_own_session(train_dir, name: str, nproc: int):

@@ -204,3 +204,26 @@ def test_an_agent_reported_done_twice_while_others_play_is_a_clear_error():
         split.step(np.zeros(2, dtype=np.int64))  # agent 0 ends at step 3: fine
     with pytest.raises(ValueError, match="msf_stuck_agent: agent 0 reported its episode's end on two steps in a row"):
         split.step(np.zeros(2, dtype=np.int64))
+
+
+def test_the_summary_counts_the_envs_step_calls_beside_the_agents_steps(train_dir):
+    """A 2-agent env: ``env_steps`` counts agent steps (2 per ``env.step`` call), ``env_step_calls`` the calls
+    (those the rollout workers made up to the last agreement): twice the calls is at least the agent steps taken,
+    and more by at most what the trajectory buffer holds at each run's end. A resumed run counts on from its
+    checkpoint's calls."""
+    from msf.cfg.arguments import parse_args
+    from msf.cfg.config import Derived
+
+    args = [f"--env={ENV}", "--experiment=calls", f"--train_dir={train_dir}", *FLAGS]
+    cfg = parse_args(args)[0]
+    derived = Derived.of(cfg, 2)
+    in_buffer = cfg.num_workers * derived.slots_per_worker * cfg.rollout  # agent steps sampled, not yet taken
+    calls = []
+    for runs, budget in enumerate((4096, 8192), 1):
+        r = run_msf([*args, f"--train_for_env_steps={budget}"], timeout=120)
+        assert r.returncode == 0, r.stderr[-3000:]
+        s = read_summary(train_dir, "calls")
+        assert s["status"] == "done" and s["env_steps"] >= budget, s
+        assert 0 <= 2 * s["env_step_calls"] - s["env_steps"] <= runs * in_buffer, s
+        calls.append(s["env_step_calls"])
+    assert calls[1] >= calls[0] + 4096 // 2  # counted on from the checkpoint

@@ -14,6 +14,7 @@ import torch
 
 from msf.cfg.config import Config, Derived
 from msf.envs.registry import EnvSpaces
+from msf.runtime.spawning import OneLineFailure
 from msf.sampling.messages import EpisodeStats, FullTrajectories, RolloutCounters
 from msf.sampling.protocol import RolloutWorkerSpec
 from msf.sampling.rollout_worker import RolloutWorker, Stopped
@@ -279,3 +280,15 @@ def test_waiting_for_a_free_slot_ends_with_stopped_when_the_stop_event_is_set():
         rig.worker.on_reply(0)
     rig.worker.close()
     assert all(s.closed for s in rig.splits)
+
+
+def test_a_non_finite_first_observation_is_named_with_its_env_and_the_reset():
+    rig = Rig()
+    obs = rig.splits[1].reset()
+    obs[1][2] = np.inf
+    rig.splits[1].reset = lambda: obs
+    with pytest.raises(OneLineFailure) as e:
+        rig.worker.start()
+    assert str(e.value) == (
+        f"{rig.cfg.env} returned a non-finite observation (inf) on rollout worker 0, env 3, at its first reset"
+    )

@@ -6,8 +6,9 @@ agreement) into a vector; the vectors are summed over ranks, and every rank unpa
 policies train) from the same numbers, and none is left waiting in a collective for a peer that has gone
 (invariant 3 of the design). With one rank the all-reduce is a no-op and the code path is the same.
 
-Layout of the vector (``[8 + P]`` float64, ``P`` policies): stop, failed, summary_due, save_due,
-time_spent, env_steps, episodes, dropped_trajectories, then one entry per policy: has a batch for it.
+Layout of the vector (``[9 + 3P]`` float64, ``P`` policies): stop, failed, summary_due, save_due,
+time_spent, env_steps, episodes, dropped_trajectories, env_step_calls, then per policy: has a batch for it; then
+per policy its env steps; then per policy its dropped trajectories.
 Counts travel as float64, exact up to 2**53.
 """
 
@@ -30,6 +31,7 @@ _SCALARS = (
     "env_steps",
     "episodes",
     "dropped_trajectories",
+    "env_step_calls",
 )
 
 
@@ -44,7 +46,11 @@ class Proposal:
         time_spent: this rank's clock says ``--train_for_seconds`` is spent.
         env_steps, episodes, dropped_trajectories: counted here since the last agreement (agent steps taken
             out of the buffer, finished episodes, trajectories dropped as too old).
+        env_step_calls: the envs' steps (``env.step`` calls) the rollout workers made here since the last
+            agreement (a multi-agent env's call is ``num_agents`` agent steps).
         has_batch: per policy, whether this rank holds a batch for it.
+        policy_env_steps, policy_dropped: per policy, its share of ``env_steps`` and ``dropped_trajectories``
+            (empty: zeros).
     """
 
     stop: bool = False
@@ -55,10 +61,13 @@ class Proposal:
     env_steps: int = 0
     episodes: int = 0
     dropped_trajectories: int = 0
+    env_step_calls: int = 0
     has_batch: tuple[bool, ...] = ()
+    policy_env_steps: tuple[int, ...] = ()
+    policy_dropped: tuple[int, ...] = ()
 
     def pack(self) -> torch.Tensor:
-        """``[8 + P]`` float64, in the layout of the module docstring."""
+        """``[9 + 3P]`` float64, in the layout of the module docstring."""
         return _pack(self)
 
     @classmethod
@@ -66,12 +75,14 @@ class Proposal:
         """The proposal that :meth:`pack` made ``v`` from.
 
         Raises:
-            ValueError: ``v`` is not a vector of at least 8 entries.
+            ValueError: ``v`` is not a vector of 9 + 3P entries.
         """
-        scalars, per_policy = _split(v)
+        scalars, (has, steps, dropped) = _split(v)
         flags = {k: bool(x) for k, x in zip(_SCALARS[:5], scalars[:5])}
         counts: dict[str, Any] = {k: int(x) for k, x in zip(_SCALARS[5:], scalars[5:])}
-        return cls(**flags, **counts, has_batch=tuple(bool(x) for x in per_policy))
+        return cls(
+            **flags, **counts, has_batch=tuple(bool(x) for x in has), policy_env_steps=steps, policy_dropped=dropped
+        )
 
 
 @dataclass(frozen=True)
@@ -80,9 +91,10 @@ class Decision:
 
     Attributes:
         stop, failed, summary_due, save_due, time_spent: how many ranks proposed each (act on ``> 0``).
-        env_steps, episodes, dropped_trajectories: the global counts since the last agreement.
+        env_steps, episodes, dropped_trajectories, env_step_calls: the global counts since the last agreement.
         has_batch: per policy, how many ranks hold a batch for it (every rank trains the policies with ``> 0``;
             one without a batch brings an all-masked one).
+        policy_env_steps, policy_dropped: per policy, the global counts since the last agreement.
     """
 
     stop: int = 0
@@ -93,10 +105,13 @@ class Decision:
     env_steps: int = 0
     episodes: int = 0
     dropped_trajectories: int = 0
+    env_step_calls: int = 0
     has_batch: tuple[int, ...] = ()
+    policy_env_steps: tuple[int, ...] = ()
+    policy_dropped: tuple[int, ...] = ()
 
     def pack(self) -> torch.Tensor:
-        """``[8 + P]`` float64, in the layout of the module docstring."""
+        """``[9 + 3P]`` float64, in the layout of the module docstring."""
         return _pack(self)
 
     @classmethod
@@ -104,22 +119,30 @@ class Decision:
         """The decision held in a summed vector ``v`` (see :meth:`pack`).
 
         Raises:
-            ValueError: ``v`` is not a vector of at least 8 entries.
+            ValueError: ``v`` is not a vector of 9 + 3P entries.
         """
-        scalars, per_policy = _split(v)
-        return cls(**{k: int(x) for k, x in zip(_SCALARS, scalars)}, has_batch=tuple(int(x) for x in per_policy))
+        scalars, (has, steps, dropped) = _split(v)
+        counts = {k: int(x) for k, x in zip(_SCALARS, scalars)}
+        return cls(**counts, has_batch=has, policy_env_steps=steps, policy_dropped=dropped)
 
 
 def _pack(record: Proposal | Decision) -> torch.Tensor:
+    P = len(record.has_batch)
     values = [float(getattr(record, k)) for k in _SCALARS] + [float(h) for h in record.has_batch]
+    for counts in (record.policy_env_steps, record.policy_dropped):
+        values += [float(x) for x in counts] if counts else [0.0] * P
     return torch.tensor(values, dtype=torch.float64)
 
 
-def _split(v: torch.Tensor) -> tuple[list[float], list[float]]:
-    if v.dim() != 1 or v.numel() < len(_SCALARS):
-        raise ValueError(f"an agreement vector has {len(_SCALARS)} + P entries, got shape {tuple(v.shape)}")
+def _split(v: torch.Tensor) -> tuple[list[float], tuple[tuple[int, ...], ...]]:
+    """The scalars, and the three per-policy blocks (as ints)."""
+    n = len(_SCALARS)
+    if v.dim() != 1 or v.numel() < n or (v.numel() - n) % 3:
+        raise ValueError(f"an agreement vector has {n} + 3P entries, got shape {tuple(v.shape)}")
     values = v.tolist()
-    return values[: len(_SCALARS)], values[len(_SCALARS) :]
+    P = (len(values) - n) // 3
+    blocks = tuple(tuple(int(x) for x in values[n + i * P : n + (i + 1) * P]) for i in range(3))
+    return values[:n], blocks
 
 
 def agree(proposal: Proposal, collectives: Collectives) -> Decision:

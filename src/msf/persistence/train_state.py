@@ -40,11 +40,21 @@ class ResumableLearner(Protocol):
 @dataclass
 class PolicyState:
     """One policy's part of the counters: this replica's last episodes driven by it (raw returns, lengths
-    in agent steps; at most ``--stats_avg`` each) and the metric of its best checkpoint so far."""
+    in agent steps; at most ``--stats_avg`` each), the metric of its best checkpoint so far, and its books (summed
+    over the replicas, resumes included): ``env_steps`` taken out of the buffers, of which ``trained_steps`` were
+    trained on and ``dropped_steps`` dropped as too old; the rest (:attr:`discarded_steps`) the run ended with
+    (a stop, a failure, the end), or its checkpoint was written before they were trained on."""
 
     returns: collections.deque = field(default_factory=collections.deque)
     lengths: collections.deque = field(default_factory=collections.deque)
     best_metric: float | None = None
+    env_steps: int = 0
+    trained_steps: int = 0
+    dropped_steps: int = 0
+
+    @property
+    def discarded_steps(self) -> int:
+        return self.env_steps - self.trained_steps - self.dropped_steps
 
 
 @dataclass
@@ -54,6 +64,9 @@ class TrainState:
     Attributes:
         env_steps: agent steps of all trajectories the learners took out of their buffers (trained on, or
             dropped as too old). episodes: finished episodes. dropped_trajectories: dropped as too old.
+        env_step_calls: the envs' steps the rollout workers made (``env.step`` calls; a multi-agent env's one
+            call is ``num_agents`` agent steps of ``env_steps``), as of the last agreement; 0 in a checkpoint
+            written before msf counted them.
         policies: per policy, its :class:`PolicyState`.
         pbt_round: PBT rounds so far. pbt_replacements: every PBT replacement of the run (resumes included),
             one dict each, as ``summary.json`` lists them.
@@ -63,6 +76,7 @@ class TrainState:
     env_steps: int = 0
     episodes: int = 0
     dropped_trajectories: int = 0
+    env_step_calls: int = 0
     policies: list[PolicyState] = field(default_factory=lambda: [PolicyState()])
     pbt_round: int = 0
     pbt_replacements: list[dict] = field(default_factory=list)
@@ -96,7 +110,9 @@ class TrainState:
             "episode_returns": list(ps.returns),
             "episode_lengths": list(ps.lengths),
             "dropped_trajectories": self.dropped_trajectories,
+            "env_step_calls": self.env_step_calls,
             "best_metric": ps.best_metric,
+            "books": {"env_steps": ps.env_steps, "trained": ps.trained_steps, "dropped": ps.dropped_steps},
             "pbt_round": self.pbt_round,
             "pbt_replacements": list(self.pbt_replacements),
         }
@@ -144,9 +160,15 @@ class TrainState:
             out.policies[p] = _policy_state(
                 state["episode_returns"], state["episode_lengths"], state.get("best_metric"), stats_avg
             )
+            books = state.get("books", {})  # none in a checkpoint of an msf that kept no books: from 0
+            ps = out.policies[p]
+            ps.env_steps, ps.trained_steps, ps.dropped_steps = (
+                int(books.get(k, 0)) for k in ("env_steps", "trained", "dropped")
+            )
             if p == 0:
                 out.env_steps, out.episodes = state["env_steps"], state["episodes"]
                 out.dropped_trajectories = state["dropped_trajectories"]
+                out.env_step_calls = int(state.get("env_step_calls", 0))
                 out.pbt_round = int(state.get("pbt_round", 0))
                 out.pbt_replacements = list(state.get("pbt_replacements", []))
                 out.resumed_env_steps = out.env_steps

@@ -183,6 +183,7 @@ def run_device_group(
     summary = None
     if rank.is_main:
         summary = run_summary(loop, status, time.monotonic() - t0, exp_dir)
+        summary["error"] = None if error is None else failure_line(error)  # the cause of a failed run, one line
         try:
             write_json_atomic(summary_path, summary)
             signals.last_words = None

@@ -8,6 +8,7 @@ statistics (a PBT round) moves them.
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from msf.distributed.rank_stats import RankStats, gather_episode_means, gather_r
 from msf.distributed.topology import RankInfo
 from msf.learning.learner import Learner
 from msf.persistence.summaries import Progress, RecentRate, TensorBoardSummaries
-from msf.persistence.train_state import TrainState
+from msf.persistence.train_state import PolicyState, TrainState
 from msf.sampling.messages import InferenceCounters, RolloutCounters
 
 log = logging.getLogger("msf")
@@ -41,6 +42,9 @@ class IterationCounts:
     episodes: int = 0
     dropped_trajectories: int = 0
     learner_wait: float = 0.0  # seconds the loop found no batch to train on
+    # per policy: its env steps and dropped trajectories
+    policy_env_steps: collections.Counter = field(default_factory=collections.Counter)
+    policy_dropped: collections.Counter = field(default_factory=collections.Counter)
 
 
 @dataclass
@@ -417,6 +421,17 @@ class Reporter:
         return run_summary(self, status, wall)
 
 
+def books(ps: PolicyState) -> dict[str, int]:
+    """A policy's books in ``summary.json``: ``env_steps`` (agent steps taken out of the buffers) = trained +
+    dropped (too old) + discarded (taken, and the run ended before they were trained on)."""
+    return {
+        "env_steps": ps.env_steps,
+        "env_steps_trained": ps.trained_steps,
+        "env_steps_dropped": ps.dropped_steps,
+        "env_steps_discarded": ps.discarded_steps,
+    }
+
+
 def run_summary(rep: Reporter, status: str, wall: float) -> dict:
     """``summary.json``: the run's figures (those of policy 0 at the top level) and ``policies``, keyed by
     policy id, each with its return, episode length, train steps, policy version and lag; ``wall``: the
@@ -438,6 +453,7 @@ def run_summary(rep: Reporter, status: str, wall: float) -> dict:
             "hyperparameters": learner.hyperparameters(),
             "learning_rate_current": learner.lr,
             "empty_batches": ps.get("empty_batches", pr.empty_batches),
+            **books(c.policies[p]),
         }
         for p, (learner, pr, ps) in enumerate(zip(rep.learners, rep.policies, per_policy))
     }
@@ -464,6 +480,11 @@ def run_summary(rep: Reporter, status: str, wall: float) -> dict:
         "async_rl": cfg.async_rl,
         "serial_mode": cfg.serial_mode,
         "dropped_trajectories": c.dropped_trajectories,
+        # the agent steps of env_steps trained on, dropped as too old, and discarded at the run's end: summed over
+        # the policies (each policy's own, with its env_steps, in policies)
+        **{k: sum(p[k] for p in policies.values()) for k in books(c.policies[0]) if k != "env_steps"},
+        # env.step calls (a multi-agent env's counts once, env_steps num_agents times) up to the last agreement
+        "env_step_calls": c.env_step_calls,
         "world_size": rep.rank.world_size,
         "nproc_per_node": rep.rank.nproc_per_node,
         "nnodes": rep.rank.nnodes,

@@ -126,6 +126,7 @@ class TrainingLoop:
         # SIGUSR1s counted (request_checkpoint) and those a checkpoint has served: a count, not a flag that is
         # reset, so that a signal between the read and the reset is not lost
         self.checkpoint_requests = self.checkpoint_requests_taken = 0
+        self.env_step_calls_seen = 0  # the workers' env.step calls counted into an agreement so far
         self.iteration = 0
         self.since_agreement = IterationCounts()
         self.last_summary = self.last_save = self.start_time
@@ -177,6 +178,8 @@ class TrainingLoop:
             # iteration past its budget.
             self.since_agreement.env_steps += taken.env_steps
             self.since_agreement.dropped_trajectories += taken.dropped
+            self.since_agreement.policy_env_steps[p] += taken.env_steps
+            self.since_agreement.policy_dropped[p] += taken.dropped
             if self.tallies is not None and taken.batch is not None and taken.keys is not None:
                 self._note_episodes(p, *self.tallies[p].add(taken.batch, taken.keys))
             batches.append(taken.batch)
@@ -199,7 +202,10 @@ class TrainingLoop:
             env_steps=c.env_steps,
             episodes=c.episodes,
             dropped_trajectories=c.dropped_trajectories,
+            env_step_calls=self._new_env_step_calls(),
             has_batch=tuple(b is not None for b in batches),
+            policy_env_steps=tuple(c.policy_env_steps[p] for p in range(len(batches))),
+            policy_dropped=tuple(c.policy_dropped[p] for p in range(len(batches))),
         )
         self.since_agreement = IterationCounts()
         self.progress.entered += 1
@@ -217,8 +223,18 @@ class TrainingLoop:
         self.state.env_steps += d.env_steps
         self.state.episodes += d.episodes
         self.state.dropped_trajectories += d.dropped_trajectories
+        self.state.env_step_calls += d.env_step_calls
+        for ps, steps, dropped in zip(self.state.policies, d.policy_env_steps, d.policy_dropped):
+            ps.env_steps += steps
+            ps.dropped_steps += dropped * self.cfg.rollout
         self.reporter.agreed(c)
         return d
+
+    def _new_env_step_calls(self) -> int:
+        """The envs' steps this replica's rollout workers made since the last call (split steps x envs per split)."""
+        calls = sum(c.steps for c in self.sampler.rollout_wait) * self.derived.envs_per_split
+        new, self.env_step_calls_seen = calls - self.env_step_calls_seen, calls
+        return new
 
     # --- acting -------------------------------------------------------------------------------
     def _train(self, p: int, batch: Batch, real: bool) -> None:
@@ -236,6 +252,10 @@ class TrainingLoop:
                 learner.set_progress(self.frames / self.cfg.train_for_env_steps)
                 batch = batches[p]
                 self._train(p, batch if batch is not None else self.batcher.empty_batch(), batch is not None)
+                # every replica with a batch trained on it (the others' were all masked)
+                self.state.policies[p].trained_steps += (
+                    d.has_batch[p] * self.derived.trajectories_per_iteration * self.cfg.rollout
+                )
                 if batch is not None:  # --async_rl=False: the workers wait for these slots and act with the new weights
                     self.batcher.release(p)
 

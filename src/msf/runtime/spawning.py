@@ -6,7 +6,8 @@ child starts in milliseconds instead of importing torch anew, and as a spawned o
 random generators of its own). It ignores the stop and checkpoint signals (the main process's to act on), leads a
 process group of its own (so that what it starts, such as ViZDoom's engines, ends with it:
 :func:`msf.runtime.reaping.stop_children`), watches its parent (:func:`parent_alive`), and reports an exception as
-a :class:`ComponentFailure` on the failure queue before it exits non-zero.
+a :class:`ComponentFailure` on the failure queue before it exits non-zero (a :class:`OneLineFailure` with its
+message only).
 """
 
 from __future__ import annotations
@@ -47,6 +48,10 @@ class ComponentFailure:
     component: str
     pid: int
     traceback: str
+
+
+class OneLineFailure(Exception):
+    """A child's failure whose message says all (what went wrong, where): reported without a traceback."""
 
 
 class Spawner:
@@ -209,8 +214,8 @@ def _child_main(
     try:
         restore(registered)  # the parent's registrations (envs, encoders), before anything looks them up
         target(*args)
-    except BaseException:  # noqa: BLE001 - the whole point is to report anything
-        tb = traceback.format_exc()
+    except BaseException as e:  # noqa: BLE001 - the whole point is to report anything
+        tb = str(e) if isinstance(e, OneLineFailure) else traceback.format_exc()
         try:
             failures.put(ComponentFailure(name, os.getpid(), tb))
             # put() hands the message to a feeder thread: flush it before _exit kills that thread

@@ -19,7 +19,7 @@ import torch
 
 from msf.envs.vector import close_all, make_split
 from msf.runtime.affinity import ROLLOUT_NICENESS, pin_this_process, raise_niceness
-from msf.runtime.spawning import parent_alive
+from msf.runtime.spawning import OneLineFailure, parent_alive
 from msf.sampling.messages import EpisodeStats, FullTrajectories
 from msf.sampling.protocol import EnvSplit, RolloutWorkerSpec
 from msf.sampling.rollout_state import PolicyDraw, RunningEpisodes, SlotPool, SyncQuota
@@ -71,11 +71,18 @@ class RolloutWorker:
         self.time_outs, self.actions, self.cursors = b["time_outs"], b["actions"], b["cursors"][index]
         self.rnn_states = b["rnn_states"] if b["rnn_states"].shape[-1] else None
         self.slot_policy, self.obs_dtype = b["slot_policy"], self.obs.dtype
+        self.float_obs = self.obs_dtype != np.uint8  # uint8 observations (images) cannot be non-finite
         seed = cfg.seed if cfg.seed is not None else int(cast(int, np.random.SeedSequence().entropy) % (2**31))
         # The indices the envs see are the job's, not the device group's, so that an env that picks a level or
         # seeds itself from them differs from rank to rank.
         job_index, n_env, e_split = spec.first_worker + index, cfg.num_envs_per_worker, derived.envs_per_split
         first = index * derived.slots_per_worker
+        self.env_name, self.job_index, self.first_env, self.A = (
+            cfg.env,
+            job_index,
+            job_index * n_env,
+            derived.num_agents,
+        )
         self.slots = SlotPool(
             range(first, first + derived.slots_per_worker), b["slot_key"], spec.free_queue, job_index * self.E, self.E
         )
@@ -151,7 +158,9 @@ class RolloutWorker:
         """
         self.policies.draw(np.arange(self.E))
         for split, envs in enumerate(self.splits):
-            for i, obs in enumerate(envs.reset()):
+            firsts = np.asarray(envs.reset(), dtype=self.obs_dtype)
+            self._check_finite(split * self.eps, firsts)
+            for i, obs in enumerate(firsts):
                 e = split * self.eps + i
                 slot = self._take_slot(e)
                 self.cursors[e] = (slot, 0)
@@ -200,6 +209,8 @@ class RolloutWorker:
             actions = np.clip(actions, *self.action_bounds)
         next_obs, rew, term, trunc = self.splits[split].step(actions)
         self.counters.add_step()
+        obs = np.asarray(next_obs, dtype=self.obs_dtype)
+        self._check_finite(lo, obs, rew)
         ended = term | trunc
         self.episodes.add(lo, rew, ended, self.policies.row)
         self.policies.episode_ended[lo:hi] |= ended
@@ -207,7 +218,7 @@ class RolloutWorker:
         self.dones[slots, ts] = ended
         self.time_outs[slots, ts] = trunc & ~term
         ts += 1
-        self.obs[slots, ts] = np.asarray(next_obs, dtype=self.obs_dtype)
+        self.obs[slots, ts] = obs
         if self.rnn_states is not None and ended.any():
             # a new episode starts with a zero state (the inference worker wrote the old one's)
             self.rnn_states[slots[ended], ts[ended]] = 0.0
@@ -215,6 +226,24 @@ class RolloutWorker:
         if len(full):
             self._next_trajectories(split, slots, ts, full)
         cur[:, 0], cur[:, 1] = slots, ts
+
+    def _check_finite(self, lo: int, obs: np.ndarray, rew: np.ndarray | None = None) -> None:
+        """Raise :class:`~msf.runtime.spawning.OneLineFailure`, one line naming the env, this worker, the env
+        (job-wide index) and its episode step (or its first reset: ``rew`` None) and the field, when rows ``lo ..``
+        got a NaN or infinite observation or reward: the inference worker would fail on it with torch's sampling
+        error. One ``np.isfinite`` per array."""
+        for field, x in (("observation", obs if self.float_obs else None), ("reward", rew)):
+            if x is None or np.isfinite(x).all():
+                continue
+            bad = ~np.isfinite(x.reshape(len(x), -1))
+            i = int(np.nonzero(bad.any(axis=1))[0][0])
+            row, value = lo + i, x.reshape(len(x), -1)[i][bad[i]][0]
+            agent = f" (agent {row % self.A})" if self.A > 1 else ""
+            when = "its first reset" if rew is None else f"episode step {self.episodes.len[row] + 1}"
+            raise OneLineFailure(
+                f"{self.env_name} returned a non-finite {field} ({value}) on rollout worker {self.job_index}, "
+                f"env {self.first_env + row // self.A}{agent}, at {when}"
+            )
 
     def _next_trajectories(self, split: int, slots: np.ndarray, ts: np.ndarray, full: np.ndarray) -> None:
         """The rows ``full`` of ``split`` (indices into its ``slots`` and ``ts``) reached ``t = T``: announce their
