@@ -175,14 +175,14 @@ def run_device_group(
     summary_path = os.path.join(exp_dir, "summary.json")
     if rank.is_main:
         signals.last_words = lambda: write_json_atomic(
-            summary_path, run_summary(loop, "interrupted", time.monotonic() - t0, exp_dir)
+            summary_path, _final_summary(loop, "interrupted", time.monotonic() - t0, exp_dir)
         )
     status, error = _run_loop(loop, sampler, tb)
     if status == "done" and loop.untrained():
         status = "untrained"  # the budget or the time ran out before any batch filled
     summary = None
     if rank.is_main:
-        summary = run_summary(loop, status, time.monotonic() - t0, exp_dir)
+        summary = _final_summary(loop, status, time.monotonic() - t0, exp_dir)
         summary["error"] = None if error is None else failure_line(error)  # the cause of a failed run, one line
         try:
             write_json_atomic(summary_path, summary)
@@ -198,7 +198,7 @@ def run_device_group(
     return summary
 
 
-def run_summary(loop: TrainingLoop, status: str, wall: float, exp_dir: str) -> dict:
+def _final_summary(loop: TrainingLoop, status: str, wall: float, exp_dir: str) -> dict:
     """``summary.json`` (:func:`msf.runner.reporter.run_summary`) with each policy's health
     (:meth:`~msf.runner.run_health.RunHealth.add_to_summary`) and newest periodic checkpoint (``last_checkpoint``,
     None: none; policy 0's at the top level too)."""
