@@ -403,6 +403,11 @@ def sampler_fps(flags: list[str], seconds: float, warmup: float, breakdown: dict
             except queue_mod.Empty:
                 continue
             ch.free_queues[msg.worker].put(SlotsReturned(msg.slots))
+            while True:  # the episode statistics, read as the training loop reads them (an unread queue fills its pipe)
+                try:
+                    ch.stats_queue.get_nowait()
+                except queue_mod.Empty:
+                    break
             if t_start is None and time.monotonic() > t_end - 60 - seconds:
                 t_start, steps = time.monotonic(), 0
                 if breakdown is not None:
