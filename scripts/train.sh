@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Trains APPO on CartPole-v1 (the default environment) for 300,000 env steps with the settings the
-# README recommends for small environments (msf/cfg/presets.py); extra flags go to msf-train and win.
+# Trains APPO on CartPole-v1 (the default environment) for 300,000 env steps with the settings for
+# small environments (msf/cfg/presets.py, docs/training.md); extra flags go to msf-train and win.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VENV=${MSF_VENV:-$ROOT/.venv}

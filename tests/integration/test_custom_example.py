@@ -1,4 +1,4 @@
-"""The README's example of a custom environment with a custom encoder runs and learns."""
+"""The example of a custom environment with a custom encoder (docs/getting-started.md) runs and learns."""
 
 from __future__ import annotations
 

@@ -191,7 +191,7 @@ def test_a_balanced_cartpole_is_truncated_at_500_and_a_fallen_one_terminated():
 def test_batched_sampling_solves_cartpole_with_envpool(train_dir):
     """Sample Factory's ``--batched_sampling=True`` on CartPole-v1 steps each split as one EnvPool, and the
     README's small-env settings still reach a mean return of 475 (gymnasium's threshold for solved) within
-    300k env steps (with the gymnasium backend they reach it at ~80k: benchmarks/README.md)."""
+    300k env steps (with the gymnasium backend they reach it at ~80k: benchmarks/HISTORY.md)."""
     r = run_msf(
         [
             "--env=CartPole-v1",

@@ -19,7 +19,7 @@ BUDGET = 200_000  # env steps per run; a run that has not reached 475 by then co
 # The small-env settings hold no accumulated iteration (--num_batches_to_accumulate=0): on these 2 cores the two
 # groups' learners are the slow stage, so the experience of a spare iteration waited a whole iteration for them. With
 # 1 accumulated iteration the mean policy lag was 7.7 SGD steps (2 groups) against 4.4 (1 group) and the 2-group
-# median 1.06x; with 0, 3.7 against 2.8 and 0.97x (30 seeds each, 2026-12-05, benchmarks/README.md).
+# median 1.06x; with 0, 3.7 against 2.8 and 0.97x (30 seeds each, 2026-12-05, benchmarks/HISTORY.md).
 FLAGS = [f for f in SMALL_ENV_FLAGS if not f.startswith("--batch_size")]
 ONE, TWO = ["--batch_size=512"], ["--batch_size=256", "--nproc_per_node=2"]  # the README's 2 workers x 16 envs
 
@@ -62,10 +62,10 @@ def test_two_groups_at_half_the_batch_need_no_more_samples_than_one_group(train_
     at most 10% above one group x 512's. An asynchronous run does not repeat, and per-seed figures spread by 12-13%
     (sd / mean; 77k to 134k over 30 runs of each), so a 5-seed median ratio moves by several percent between
     repetitions: when it is above 1.10, five more seeds of each run, up to 15, and the bound is on the medians of all
-    the seeds run. Resampling the 60 runs measured on 2026-12-05 (median ratio 0.97; benchmarks/README.md), one round
+    the seeds run. Resampling the 60 runs measured on 2026-12-05 (median ratio 0.97; benchmarks/HISTORY.md), one round
     fails 1.3% of the time and three rounds 0.01%; a true ratio of 1.20 passes 8% of the time, 1.30 2%.
     Before the episode window was the job's (each rank gave its whole --stats_avg), the same comparison measured
-    about 30% above; with one accumulated iteration of trajectories, 6% above (benchmarks/README.md)."""
+    about 30% above; with one accumulated iteration of trajectories, 6% above (benchmarks/HISTORY.md)."""
     one, two = [], []
     for seeds in (SEEDS, *MORE_SEEDS):
         for seed in seeds:  # interleaved: the machine's drift falls on both alike

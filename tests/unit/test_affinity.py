@@ -57,7 +57,7 @@ def test_learner_threads_at_the_start(flag, workers, inference, nproc, cores, sy
 @pytest.mark.parametrize(
     "case, args, want",
     [
-        # waiting shares measured on 2 cores with 1 learner thread (benchmarks/README.md, 2026-11-30):
+        # waiting shares measured on 2 cores with 1 learner thread (benchmarks/HISTORY.md, 2026-11-30):
         # atari_pong: workers idle most of the time, learner the bottleneck -> 2 - (2 x 0.12 + 0.24) = 1.52 -> 2
         ("atari_pong", (2.0, 2, 0.88, 1, 0.76, 0.0, 1), 2),
         # doom_basic: busy ViZDoom workers -> 2 - (2 x 0.56 + 0.75) = 0.13 -> 1 (2 threads measured slower)

@@ -211,7 +211,7 @@ class SamplingFlags:
         84,
         "atari_*: side of the square grayscale observation after the resize, in pixels (gymnasium's "
         "AtariPreprocessing screen_size; 84 as in Mnih et al. 2015). The small-machine preset's 52 cuts the conv "
-        "stack's work ~4x (README, 'Settings for Atari on a small machine')",
+        "stack's work ~4x (docs/training.md, 'Settings for Atari on a small machine')",
         scope=(FIXED,),
     )
     res_w: int = flag(

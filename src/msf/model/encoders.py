@@ -163,7 +163,7 @@ class ConvEncoder(nn.Module):
         if x.device.type == "cpu" and torch.is_grad_enabled():
             # the learner's passes: on a CPU, oneDNN runs the convolutions' forward + backward faster in
             # channels_last (NHWC) than in NCHW on the learner's large minibatches, while inference's small
-            # batches are slower in NHWC, so they keep their layout (benchmarks/README.md, "channels_last in
+            # batches are slower in NHWC, so they keep their layout (benchmarks/HISTORY.md, "channels_last in
             # the learner"). Only the activations' memory layout changes: same values up to float rounding,
             # parameters and checkpoints as they were.
             x = x.contiguous(memory_format=torch.channels_last)
