@@ -350,7 +350,8 @@ def start_warnings(cfg: Config, plan: NodePlan, changes: list[str]) -> list[str]
             f"msf-train: warning: resuming {cfg.experiment!r} with flags that differ from its saved config: "
             + "; ".join(changes)
         )
-    if cfg.deterministic and plan.node_rank == 0 and not plan.local_rank:
+    # (a device env, --env_gpu_actions, is seeded with a torch generator of its own: msf cannot reset it here)
+    if cfg.deterministic and not cfg.env_gpu_actions and plan.node_rank == 0 and not plan.local_rank:
         from msf.envs.registry import env_config_of
         from msf.envs.seeding import reset_ignores_seed
 

@@ -159,7 +159,8 @@ class DeviceSampler:
             self.rollout_wait[0].add_step()
             obs = self._checked(obs, rew, term, trunc)
             done = term | trunc
-            b.rewards[rows, t], b.dones[rows, t], b.time_outs[rows, t] = rew, done, trunc & ~term
+            b.rewards[rows, t], b.dones[rows, t] = rew.float(), done.to(torch.uint8)
+            b.time_outs[rows, t] = (trunc & ~term).to(torch.uint8)
             self.ret += rew
             self.len += 1
             ended[t], returns[t], lengths[t] = done, self.ret, self.len
