@@ -277,6 +277,7 @@ def prepare(cfg: Config, given: set[str]) -> tuple[Config, EnvSpaces, NodePlan, 
     """
     from msf.cfg.validation import ConfigError, resolve_deterministic, resolve_sample_factory_flags, validate
     from msf.distributed.nodes import discover
+    from msf.envs.device_env import device_env_entry, device_env_spaces, resolve_device_env
     from msf.envs.families import apply_family_defaults, eval_frameskip
     from msf.envs.registry import env_config_of, env_info_key, env_spaces, load_env_info
     from msf.runner.experiment import resume_config
@@ -295,15 +296,20 @@ def prepare(cfg: Config, given: set[str]) -> tuple[Config, EnvSpaces, NodePlan, 
     if changes:
         validate(cfg)
     cfg = resolve(cfg, given, plan)
+    assert cfg.nproc_per_node is not None, "launch.resolve() sets it"
+    cfg = resolve_device_env(cfg, given, cfg.nproc_per_node)
+    device_env = device_env_entry(cfg.env)  # None: rollout workers step the env on the CPU
     exp = os.path.join(cfg.train_dir, cfg.experiment)
     cached = load_env_info(exp, cfg.env, env_info_key(cfg)) if cfg.use_env_info_cache else None
-    spaces = cached or env_spaces(cfg.env, env_config_of(cfg))
+    spaces = cached or (device_env_spaces(device_env) if device_env else env_spaces(cfg.env, env_config_of(cfg)))
     cfg, notes = _check_sync_or_go_async(cfg, given, spaces.num_agents)
     if cfg.env_backend == "envpool":
         from msf.envs.vector import check_envpool
 
         check_envpool(cfg, spaces)
-    check_shared_memory(cfg, spaces, check_model(cfg, spaces))
+    model = check_model(cfg, spaces)
+    if device_env is None:  # a device env's buffer is on its device, not in shared memory
+        check_shared_memory(cfg, spaces, model)
     raised = check_file_descriptors(cfg)
     return cfg, spaces, plan, changes, notes + ([raised] if raised else [])
 
@@ -344,7 +350,8 @@ def start_warnings(cfg: Config, plan: NodePlan, changes: list[str]) -> list[str]
             f"msf-train: warning: resuming {cfg.experiment!r} with flags that differ from its saved config: "
             + "; ".join(changes)
         )
-    if cfg.deterministic and plan.node_rank == 0 and not plan.local_rank:
+    # (a device env, --env_gpu_actions, is seeded with a torch generator of its own: msf cannot reset it here)
+    if cfg.deterministic and not cfg.env_gpu_actions and plan.node_rank == 0 and not plan.local_rank:
         from msf.envs.registry import env_config_of
         from msf.envs.seeding import reset_ignores_seed
 

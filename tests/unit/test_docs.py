@@ -147,6 +147,8 @@ def _message_nodes(rel: str, tree: ast.AST) -> list[ast.AST]:
             whole = ast.copy_location(ast.BinOp(prefix, ast.Add(), msg), msg)
             whole.anchor = msg  # type: ignore[attr-defined] # where its names are looked up
             found.append(whole)
+        elif name == "_fail" and len(node.args) == 1:  # sampling/device_sampler.py: the env's name, then the line
+            found.append(node.args[0])
         elif name == "print" and any(k.arg == "file" and ast.unparse(k.value) == "sys.stderr" for k in node.keywords):
             found += node.args[:1]
         elif name in ("warning", "error", "info") and rel in LOGGING_MODULES and node.args:

@@ -19,6 +19,7 @@ from msf.cfg.flags import (
     PER_NODE,
     BasicFlags,
     CompatFlags,
+    DeviceEnvFlags,
     DistributedFlags,
     LearningFlags,
     ModelFlags,
@@ -35,6 +36,7 @@ from msf.cfg.flags import (
 @dataclass
 class Config(
     CompatFlags,
+    DeviceEnvFlags,
     PersistenceFlags,
     StoppingFlags,
     PolicyFlags,

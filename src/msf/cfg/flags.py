@@ -615,14 +615,34 @@ class PersistenceFlags:
     )
 
 
+@section(SAMPLING)
+class DeviceEnvFlags:
+    """Sample Factory's flags of envs whose tensors live on a device (``docs/device_envs.md``); the rules of their
+    combinations are :func:`msf.envs.device_env.resolve_device_env`'s."""
+
+    env_gpu_actions: bool = flag(
+        False,
+        "The env takes its actions as torch tensors on the device group's device: True with an env registered by "
+        "msf.envs.register_device_env, which each device group then steps in its own process, --num_envs_per_worker "
+        "instances at a time (refused with any other env)",
+    )
+    env_gpu_observations: bool = flag(
+        True,
+        "The env's observations stay on the device, from env to policy to learner: must be True with a device-side "
+        "env; a CPU env's NumPy observations go through the shared-memory buffer whatever its value",
+    )
+    actor_worker_gpus: list = flag(
+        [],
+        "Sample Factory: GPUs of the rollout workers. Refused: msf's rollout workers step CPU envs, and a "
+        "device-side env steps on its device group's own device",
+    )
+
+
 IGNORED = {
     "use_record_episode_statistics": "msf-enjoy always counts whole games: its envs leave out the training-only "
     "wrappers (an Atari life lost is not an episode end there)",
     "pixel_format": "msf's convolutional encoders find the channel axis of an image themselves (its smallest "
     "dimension), so CHW and HWC observations train alike; a custom encoder gets the env's own layout",
-    "actor_worker_gpus": "msf has no GPU-side envs yet: rollout workers step their envs on the CPU",
-    "env_gpu_actions": "msf has no GPU-side envs yet: actions reach the envs as NumPy arrays",
-    "env_gpu_observations": "msf has no GPU-side envs yet: observations go through the shared-memory buffer",
     "train_script": "it names the training script in a Hugging Face model card, and msf does not push to the hub",
     "enjoy_script": "it names the evaluation script in a Hugging Face model card, and msf does not push to the hub",
     "hf_repository": "it names the Hugging Face repository of --push_to_hub, which msf does not have",
@@ -684,13 +704,4 @@ class CompatFlags:
     )
     pixel_format: str = flag(
         "CHW", f"Sample Factory: the layout of images. No effect: {IGNORED['pixel_format']}", ("CHW", "HWC")
-    )
-    actor_worker_gpus: list = flag(
-        [], f"Sample Factory: GPUs of the rollout workers. No effect: {IGNORED['actor_worker_gpus']}"
-    )
-    env_gpu_actions: bool = flag(
-        False, f"Sample Factory: the env takes actions on the GPU. No effect: {IGNORED['env_gpu_actions']}"
-    )
-    env_gpu_observations: bool = flag(
-        True, f"Sample Factory: the env returns observations on the GPU. No effect: {IGNORED['env_gpu_observations']}"
     )

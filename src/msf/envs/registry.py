@@ -62,7 +62,15 @@ def declare_spaces(name: str, observation_space: gym.Space, action_space: gym.Sp
             f"declare_spaces({name!r}): observation_space and action_space must be gymnasium spaces, got "
             f"{type(observation_space).__name__} and {type(action_space).__name__}"
         )
-    _DECLARED[name] = spaces_of(flatten_dict_obs(_Declared(observation_space, action_space, num_agents)))
+    _DECLARED[name] = declared_spaces(observation_space, action_space, num_agents)
+
+
+def declared_spaces(observation_space: gym.Space, action_space: gym.Space, num_agents: int = 1) -> EnvSpaces:
+    """The :class:`EnvSpaces` of an env with these spaces (one agent's), read without making the env.
+
+    Raises:
+        ConfigError: spaces msf does not support."""
+    return spaces_of(flatten_dict_obs(_Declared(observation_space, action_space, num_agents)))
 
 
 class _Declared(gym.Env):

@@ -145,7 +145,7 @@ class Batcher:
         keep = policy_version - batch["policy_versions"].min(1).values <= self.max_policy_lag
         dropped = int((~keep).sum())
         if dropped:
-            batch = {k: v[keep] for k, v in batch.items()}
+            batch = {k: v[keep.to(v.device)] for k, v in batch.items()}
         if batch["rewards"].shape[0]:
             self._ready[policy].append(batch)
             self._ready_count[policy] += batch["rewards"].shape[0]
@@ -174,7 +174,7 @@ class Batcher:
         joined = {k: torch.cat([b[k] for b in ready]) for k in ready[0]}
         if self.in_env_order:
             order = torch.argsort(joined[_KEY])
-            joined = {k: v.index_select(0, order) for k, v in joined.items()}
+            joined = {k: v.index_select(0, order.to(v.device)) for k, v in joined.items()}
         rest = {k: v[n:] for k, v in joined.items()}
         self._ready[policy] = [rest] if rest["rewards"].shape[0] else []
         self._ready_count[policy] -= n

@@ -14,7 +14,9 @@
 
 Back-pressure: a rollout worker with no free slot waits for the learner to return one.
 Stop: the sampler sets its ``stop_event``; every child polls it at least every 0.5 s. The training loop sees only
-the :class:`~msf.sampling.protocol.Sampler`: these workers in child processes, or with ``--serial_mode`` in this one.
+the :class:`~msf.sampling.protocol.Sampler`: these workers in child processes, or with ``--serial_mode`` in this one;
+a device-side env (``--env_gpu_actions``) has neither: :class:`~msf.sampling.device_sampler.DeviceSampler` steps it
+here, on the group's device, with the learner's own model, into a buffer on that device.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import msf
 from msf.cfg.config import Config, Derived
 from msf.distributed.collectives import collectives_of
 from msf.distributed.topology import RankInfo
+from msf.envs.device_env import device_env_entry
 from msf.envs.registry import EnvSpaces
 from msf.learning.learner import Learner
 from msf.persistence.checkpoint import list_checkpoints
@@ -42,6 +45,7 @@ from msf.runner.training_loop import TrainingLoop, check_replicas
 from msf.runtime.affinity import learner_threads, set_learner_niceness, usable_cores
 from msf.runtime.signals import Signals, exit_on_interrupt
 from msf.runtime.spawning import start_fork_server, stop_fork_server, use_quiet_executable
+from msf.sampling.device_sampler import DeviceSampler
 from msf.sampling.plan import DeviceGroup, rank_config
 from msf.sampling.process_sampler import ProcessSampler
 from msf.sampling.protocol import Sampler
@@ -141,7 +145,10 @@ def run_device_group(
     device = f"cuda:{rank.local_rank}" if cfg.device == "gpu" else "cpu"
     torch.manual_seed(cfg.seed)  # the same on every replica; DDP also broadcasts rank 0's weights
     _set_learner_process(cfg, rank)
-    if not cfg.serial_mode:  # the workers' fork server imports torch while this process makes the learners
+    device_env = device_env_entry(cfg.env) is not None  # stepped in this process: no worker, no shared memory
+    if not (
+        cfg.serial_mode or device_env
+    ):  # the workers' fork server imports torch while this process makes the learners
         start_fork_server()  # (after the niceness: the workers inherit the server's, and add their offsets)
     if cfg.deterministic:
         _make_deterministic(cfg, device)
@@ -152,7 +159,7 @@ def run_device_group(
         return None  # every rank reads the same checkpoint, so every rank returns here: nothing to agree on
     _log_start(cfg, group_cfg, rank, device, exp_dir)
     check_replicas(learners, world)
-    buffer = TrajectoryBuffer.allocate(group_cfg, derived, spaces)
+    buffer = TrajectoryBuffer.allocate(group_cfg, derived, spaces, device if device_env else None)
     weights = [PublishedWeights(learner.model) for learner in learners]
     for w, learner in zip(weights, learners):
         w.publish(learner.model, learner.policy_version)
@@ -163,7 +170,7 @@ def run_device_group(
     signals = _SignalHandler(launcher_ends_on_second_interrupt=spawned_by_node_launcher)
     try:
         group = DeviceGroup(buffer, weights, rank, device, first_worker=_first_worker(cfg, rank, world))
-        sampler: Sampler = (SerialSampler if cfg.serial_mode else ProcessSampler)(cfg, derived, spaces, group)
+        sampler = _make_sampler(cfg, derived, spaces, group, learners if device_env else None)
         loop = TrainingLoop(
             cfg, derived, learners, buffer, weights, sampler, exp_dir, state, tb, rank, world, heartbeat
         )
@@ -196,6 +203,16 @@ def run_device_group(
     if error is not None:  # status "failed"
         raise RunFailed(failure_line(error)) from error
     return summary
+
+
+def _make_sampler(
+    cfg: Config, derived: Derived, spaces: EnvSpaces, group: DeviceGroup, device_env_learners: list[Learner] | None
+) -> Sampler:
+    """The group's sampler: a device-side env stepped here with the learners' own models (``device_env_learners``),
+    the workers in this process (``--serial_mode``), or in child processes."""
+    if device_env_learners is not None:
+        return DeviceSampler(cfg, derived, spaces, group, device_env_learners)
+    return (SerialSampler if cfg.serial_mode else ProcessSampler)(cfg, derived, spaces, group)
 
 
 def _final_summary(loop: TrainingLoop, status: str, wall: float, exp_dir: str) -> dict:

@@ -102,9 +102,9 @@ class RolloutCounters(_SharedCounters):
     def steps(self) -> int:
         return int(self._v[3])
 
-    def add_env(self, stage: str) -> None:
-        """One more env ``"made"`` or ``"started"`` (first reset done)."""
-        self._v[1 if stage == "made" else 2] += 1
+    def add_env(self, stage: str, n: int = 1) -> None:
+        """``n`` more envs ``"made"`` or ``"started"`` (first reset done)."""
+        self._v[1 if stage == "made" else 2] += n
 
     @property
     def envs_made(self) -> int:

@@ -104,8 +104,17 @@ class TrajectoryBuffer:
         return sum(cls.tensor_bytes(shape, dtype) for shape, dtype in cls.layout(cfg, derived, spaces).values())
 
     @classmethod
-    def allocate(cls, cfg: Config, derived: Derived, spaces: EnvSpaces) -> "TrajectoryBuffer":
-        return cls(**{k: _shared(shape, dtype) for k, (shape, dtype) in cls.layout(cfg, derived, spaces).items()})
+    def allocate(
+        cls, cfg: Config, derived: Derived, spaces: EnvSpaces, device: str | None = None
+    ) -> "TrajectoryBuffer":
+        """The buffer in shared memory (``device`` None), or its trajectory fields on ``device`` and its indices
+        (``cursors``, ``slot_policy``, ``slot_key``) in ordinary CPU memory: a device-side env's buffer, written
+        and read in its device group's process only (:class:`~msf.sampling.device_sampler.DeviceSampler`)."""
+        layout = cls.layout(cfg, derived, spaces)
+        if device is None:
+            return cls(**{k: _shared(shape, dtype) for k, (shape, dtype) in layout.items()})
+        cpu = ("cursors", "slot_policy", "slot_key")
+        return cls(**{k: torch.zeros(s, dtype=d, device="cpu" if k in cpu else device) for k, (s, d) in layout.items()})
 
     @property
     def rollout(self) -> int:
@@ -127,4 +136,5 @@ class TrajectoryBuffer:
             names += ("rnn_states",)
         if self.action_params.shape[-1]:
             names += ("action_params",)
+        slots = slots.to(self.obs.device)
         return {k: getattr(self, k).index_select(0, slots) for k in names}
