@@ -31,7 +31,7 @@ import msf
 from msf.cfg.config import Config, Derived
 from msf.distributed.collectives import collectives_of
 from msf.distributed.topology import RankInfo
-from msf.envs.registry import EnvSpaces
+from msf.envs.registry import EnvSpaces, env_info_key
 from msf.learning.learner import Learner
 from msf.persistence.checkpoint import list_checkpoints
 from msf.persistence.sf2_checkpoint import as_msf_checkpoint
@@ -42,10 +42,13 @@ from msf.runner.training_loop import TrainingLoop, check_replicas
 from msf.runtime.affinity import learner_threads, set_learner_niceness, usable_cores
 from msf.runtime.signals import Signals, exit_on_interrupt
 from msf.runtime.spawning import start_fork_server, stop_fork_server, use_quiet_executable
+from msf.sampling import wire
 from msf.sampling.plan import DeviceGroup, rank_config
 from msf.sampling.process_sampler import ProcessSampler
 from msf.sampling.protocol import Sampler
 from msf.sampling.published_weights import PublishedWeights
+from msf.sampling.remote_sampler import RemoteSampler
+from msf.sampling.sampler_endpoint import SamplerEndpoint
 from msf.sampling.serial import SerialSampler
 from msf.sampling.trajectory_buffer import TrajectoryBuffer
 
@@ -163,7 +166,7 @@ def run_device_group(
     signals = _SignalHandler(launcher_ends_on_second_interrupt=spawned_by_node_launcher)
     try:
         group = DeviceGroup(buffer, weights, rank, device, first_worker=_first_worker(cfg, rank, world))
-        sampler: Sampler = (SerialSampler if cfg.serial_mode else ProcessSampler)(cfg, derived, spaces, group)
+        sampler = _make_sampler(cfg, derived, spaces, group, learners[0].model, exp_dir)
         loop = TrainingLoop(
             cfg, derived, learners, buffer, weights, sampler, exp_dir, state, tb, rank, world, heartbeat
         )
@@ -208,6 +211,35 @@ def _final_summary(loop: TrainingLoop, status: str, wall: float, exp_dir: str) -
         ps["last_checkpoint"] = next(map(os.path.abspath, reversed(list_checkpoints(exp_dir, p))), None)
     summary["last_checkpoint"] = summary["policies"]["0"]["last_checkpoint"]
     return summary
+
+
+def _make_sampler(
+    cfg: Config, derived: Derived, spaces: EnvSpaces, group: DeviceGroup, model: torch.nn.Module, exp_dir: str
+) -> Sampler:
+    """The group's sampler: its workers in child processes (or with ``--serial_mode`` in this one); with
+    ``--sampler_port``, and those of sampler nodes (:class:`RemoteSampler`, its key in ``--sampler_key_file`` or
+    made in the experiment folder)."""
+    local: Sampler | None = None
+    if cfg.num_workers:
+        local = (SerialSampler if cfg.serial_mode else ProcessSampler)(cfg, derived, spaces, group)
+    if not cfg.sampler_port:
+        assert local is not None, "validation: --num_workers=0 needs --sampler_port"
+        return local
+    key_path = cfg.sampler_key_file or os.path.join(exp_dir, "sampler.key")
+    key = wire.read_key(key_path) if os.path.exists(key_path) else wire.make_key(key_path)
+    log.info("sampler nodes sign their messages with the key in %s (msf-sampler --sampler_key_file)", key_path)
+    shape = wire.shape_hash(env_info_key(cfg), spaces, model, cfg)
+    try:
+        return RemoteSampler(
+            local,
+            lambda full, stats: SamplerEndpoint(
+                cfg, derived, spaces, group.buffer, group.weights, key, shape, full, stats, cfg.num_workers
+            ),
+        )
+    except BaseException:
+        if local is not None:
+            local.close()
+        raise
 
 
 def _restore(cfg: Config, learners: list[Learner], exp_dir: str, world: Any) -> TrainState:
