@@ -29,15 +29,26 @@ EXIT_OK, EXIT_FAILED, EXIT_REFUSED = 0, 1, 2
 def parse(argv: list[str] | None) -> argparse.Namespace:
     from msf.cfg.arguments import OneLineErrorParser, integer
 
-    p = OneLineErrorParser(
-        prog="msf-sampler", description=DESCRIPTION, formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
+    p = OneLineErrorParser(prog="msf-sampler", description=DESCRIPTION, formatter_class=argparse.HelpFormatter)
     p.add_argument("--connect", required=True, metavar="HOST:PORT", help="The job's sampler port (--sampler_port)")
-    p.add_argument("--num_workers", type=integer, default=os.cpu_count() or 1, help="Rollout worker processes here")
-    p.add_argument("--num_envs_per_worker", type=integer, default=2, help="Environments stepped by each rollout worker")
+    p.add_argument(
+        "--num_workers",
+        type=integer,
+        default=os.cpu_count() or 1,
+        metavar="N",
+        help="Rollout worker processes here (default: the cores of this machine)",
+    )
+    p.add_argument(
+        "--num_envs_per_worker",
+        type=integer,
+        default=2,
+        metavar="M",
+        help="Environments stepped by each rollout worker (default: 2)",
+    )
     p.add_argument(
         "--sampler_key_file",
         default=None,
+        metavar="FILE",
         help="File holding the job's key (the job's TRAIN_DIR/EXPERIMENT/sampler.key); without it the job drops "
         "every message of this node",
     )
@@ -45,10 +56,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--connect_timeout",
         type=float,
         default=60.0,
-        help="Seconds to wait for the job to answer, at the start and whenever it goes silent, before exiting 1",
+        metavar="SECONDS",
+        help="Seconds to wait for the job to answer, at the start and whenever it goes silent, before exiting 1 "
+        "(default: 60)",
     )
     p.add_argument(
-        "--env", default=None, help="The env this node expects; the job refuses the node if it trains another one"
+        "--env",
+        default=None,
+        metavar="ENV",
+        help="The env this node expects; the job refuses the node if it trains another one",
     )
     return p.parse_args(argv)
 
