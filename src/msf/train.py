@@ -310,8 +310,29 @@ def prepare(cfg: Config, given: set[str]) -> tuple[Config, EnvSpaces, NodePlan, 
     model = check_model(cfg, spaces)
     if device_env is None:  # a device env's buffer is on its device, not in shared memory
         check_shared_memory(cfg, spaces, model)
+    _check_sampler_nodes(cfg)
     raised = check_file_descriptors(cfg)
     return cfg, spaces, plan, changes, notes + ([raised] if raised else [])
+
+
+def _check_sampler_nodes(cfg: Config) -> None:
+    """``--sampler_port``: the port can be listened on and ``--sampler_key_file``, if given, holds a key.
+
+    Raises:
+        ConfigError: naming the flag and the address or file.
+    """
+    from msf.cfg.validation import ConfigError
+    from msf.sampling.sampler_endpoint import check_sampler_port
+    from msf.sampling.wire import read_key
+
+    why = check_sampler_port(cfg)
+    if why:
+        raise ConfigError(why)
+    if cfg.sampler_port and cfg.sampler_key_file:
+        try:
+            read_key(cfg.sampler_key_file)
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"--sampler_key_file: {e}") from None
 
 
 def _check_sync_or_go_async(cfg: Config, given: set[str], num_agents: int) -> tuple[Config, list[str]]:

@@ -42,6 +42,8 @@ USER_ERRORS = {
     "AgreementTimedOut",
     "ChildDied",
     "RunFailed",
+    "Refused",
+    "JobLost",
 }
 # Built-in exceptions whose message reaches the user from these modules (bad input from a user's env or flags,
 # a rank or node that did not come); elsewhere they mark broken internal invariants.
@@ -56,7 +58,7 @@ MODULE_ERRORS = {
     "sampling/rollout_worker.py": {"TimeoutError"},
 }
 # Modules whose log warnings and errors are one-line messages about the run (besides every print to stderr).
-LOGGING_MODULES = ("runner/run_health.py", "runtime/semaphore_records.py")
+LOGGING_MODULES = ("runner/run_health.py", "runtime/semaphore_records.py", "sampling/sampler_endpoint.py")
 RULES = (USER_ERRORS, MODULE_ERRORS, LOGGING_MODULES)
 
 
@@ -101,7 +103,7 @@ def _site(where: str, node: ast.AST, constants: dict[str, str]) -> Site | None:
     if raw is None:
         return None
     text = "".join("\0" if p is None else p for p in raw)
-    text = re.sub(r"%[ds]", "\0", text) if where.startswith(LOGGING_MODULES) else text
+    text = re.sub(r"%(\.\d+)?[dsf]", "\0", text) if where.startswith(LOGGING_MODULES) else text
     parts = tuple(p for p in (_norm(s) for s in text.split("\0")) if p)
     return Site(where, parts) if parts and max(map(len, parts)) >= MIN_PART else None
 
@@ -147,6 +149,8 @@ def _message_nodes(rel: str, tree: ast.AST) -> list[ast.AST]:
             whole = ast.copy_location(ast.BinOp(prefix, ast.Add(), msg), msg)
             whole.anchor = msg  # type: ignore[attr-defined] # where its names are looked up
             found.append(whole)
+        elif name == "error" and rel == "sampler.py" and len(node.args) == 2:  # msf-sampler: error: LINE
+            found.append(node.args[0])
         elif name == "_fail" and len(node.args) == 1:  # sampling/device_sampler.py: the env's name, then the line
             found.append(node.args[0])
         elif name == "print" and any(k.arg == "file" and ast.unparse(k.value) == "sys.stderr" for k in node.keywords):

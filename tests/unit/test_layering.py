@@ -13,7 +13,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "msf"
 # a package may import those on floors below it (entry points at the top); the same floor: only as listed
 FLOORS = [
     {"sf2", "export"},
-    {"train", "enjoy", "plot"},
+    {"train", "enjoy", "plot", "sampler"},
     {"runner"},
     {"sampling", "learning"},
     {"distributed", "model"},

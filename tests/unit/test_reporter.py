@@ -155,6 +155,7 @@ def test_the_summary_holds_the_runs_figures():
         "envs_started_after_s",
         "startup_s",
         "return_target_reached_at",
+        "sampler_nodes",
     } == s.keys()
     assert (s["status"], s["env_steps"], s["episodes"], s["dropped_trajectories"]) == ("done", 3000, 2, 1)
     assert s["fps"] == 300.0 and s["episode_return_mean"] == 5.0 and s["episode_length_mean"] == 50.0
@@ -164,6 +165,7 @@ def test_the_summary_holds_the_runs_figures():
     assert (s["policy_lag_max_run"], s["policies"]["1"]["policy_lag_max_run"]) == (2.0, 5.0)
     assert (s["async_rl"], s["serial_mode"]) == (True, False)
     assert s["return_target_reached_at"] is None  # no --stop_at_return_mean
+    assert s["sampler_nodes"] is None  # no --sampler_port
     assert (s["policies"]["0"]["empty_batches"], rep.policies[0].lag, rep.policies[0].train) == (
         0,
         (0.0, 0.5, 1.0),

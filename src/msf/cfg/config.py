@@ -25,6 +25,7 @@ from msf.cfg.flags import (
     ModelFlags,
     PersistenceFlags,
     PolicyFlags,
+    SamplerNodeFlags,
     SamplingFlags,
     StoppingFlags,
 )
@@ -40,6 +41,7 @@ class Config(
     PersistenceFlags,
     StoppingFlags,
     PolicyFlags,
+    SamplerNodeFlags,
     DistributedFlags,
     ModelFlags,
     LearningFlags,
@@ -175,6 +177,9 @@ class Derived:
             with 0, where an agent whose trajectory is finished waits until the learner has copied it out, but
             one per agent with ``--serial_mode``, whose one process cannot wait inside a step);
             with ``--async_rl=False``, exactly ``sync_rollouts`` finished ones per agent.
+        remote_slots: trajectory-buffer slots, after the rollout workers', where trajectories from sampler nodes
+            are written (``--sampler_port``): two iterations' worth, so that one can arrive while the learner
+            takes the other; 0 without sampler nodes.
         sync_rollouts: with ``--async_rl=False``, the trajectories every agent of every env writes per training
             iteration (``trajectories_per_iteration / (num_workers x num_envs_per_worker x num_agents)``, a
             whole number: :func:`msf.cfg.validation.check_sync`); 0 with ``--async_rl=True``.
@@ -192,6 +197,7 @@ class Derived:
     rnn_state_size: int = 0
     num_agents: int = 1
     sync_rollouts: int = 0
+    remote_slots: int = 0
 
     @property
     def agents_per_split(self) -> int:
@@ -209,8 +215,9 @@ class Derived:
         # 0: no spares; an env whose trajectory is finished waits until the learner has copied it out. Not in
         # --serial_mode: its one process cannot wait inside a step for the learner, so it keeps one spare per agent
         accumulate = cfg.num_batches_to_accumulate or int(cfg.serial_mode)
-        spare = max(agents_per_worker, -(-accumulate * per_iter // cfg.num_workers)) if accumulate else 0
-        sync = 0 if cfg.async_rl else max(1, per_iter // (cfg.num_workers * agents_per_worker))
+        workers = max(cfg.num_workers, 1)  # 0: a learner fed by sampler nodes only (no slot is a worker's)
+        spare = max(agents_per_worker, -(-accumulate * per_iter // workers)) if accumulate else 0
+        sync = 0 if cfg.async_rl else max(1, per_iter // (workers * agents_per_worker))
         if sync:  # the finished trajectories of one iteration, held until the learner has trained on them
             spare = sync * agents_per_worker
         return cls(
@@ -223,4 +230,5 @@ class Derived:
             rnn_state_size=rnn_state_size(cfg),
             num_agents=num_agents,
             sync_rollouts=sync,
+            remote_slots=2 * per_iter if cfg.sampler_port else 0,
         )

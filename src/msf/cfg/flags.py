@@ -494,6 +494,31 @@ class DistributedFlags:
     )
 
 
+SAMPLER_NODES = "sampler nodes (CPU machines that feed this job's learner)"
+
+
+@section(SAMPLER_NODES)
+class SamplerNodeFlags:
+    sampler_port: int = flag(
+        0,
+        "TCP port where sampler nodes (msf-sampler --connect=HOST:PORT) join this job and send it trajectories; "
+        "0: none can join. One device group only (nnodes=1, nproc_per_node=1)",
+        scope=(LAUNCH,),
+    )
+    sampler_bind: str | None = flag(
+        None,
+        "Address the sampler port listens on; default: the rendezvous address (127.0.0.1 on one node: give this "
+        "host's address, or 0.0.0.0 for every interface, to let other machines in)",
+        scope=(LAUNCH,),
+    )
+    sampler_key_file: str | None = flag(
+        None,
+        "File holding the key that signs every message to and from sampler nodes (HMAC-SHA256); default: a new "
+        "key in TRAIN_DIR/EXPERIMENT/sampler.key (mode 0600), which msf-sampler then needs",
+        scope=(LAUNCH,),
+    )
+
+
 @section(POLICIES)
 class PolicyFlags:
     num_policies: int = flag(

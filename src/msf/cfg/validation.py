@@ -58,7 +58,6 @@ class Problems:
 
 
 POSITIVE_INTS = (
-    "num_workers",
     "num_envs_per_worker",
     "worker_num_splits",
     "policy_workers_per_policy",
@@ -124,6 +123,7 @@ def validate(cfg: Config) -> None:
     p = Problems()
     # the distributed checks first: for num_workers, "at least nproc_per_node" says more than "positive"
     _check_distributed(cfg, p)
+    _check_sampler_nodes(cfg, p)
     for name in POSITIVE_INTS:
         v = getattr(cfg, name)
         p.check(v >= 1, name, f"must be a positive integer, got {v}")
@@ -170,7 +170,7 @@ def _check_distributed(cfg: Config, p: Problems) -> None:
         cfg.nproc_per_node >= 1, "nproc_per_node", f"must be a positive integer, got {cfg.nproc_per_node}"
     ):
         p.check(
-            cfg.num_workers >= cfg.nproc_per_node,
+            cfg.num_workers >= cfg.nproc_per_node or cfg.sampler_port != 0,
             "num_workers",
             f"must be at least nproc_per_node={cfg.nproc_per_node} (every device group needs a rollout worker), "
             f"got {cfg.num_workers}",
@@ -178,6 +178,28 @@ def _check_distributed(cfg: Config, p: Problems) -> None:
     p.check(0 <= cfg.master_port < 65536, "master_port", f"must be a TCP port in [0, 65535], got {cfg.master_port}")
     p.check(cfg.dist_timeout >= 1, "dist_timeout", f"must be a positive number of seconds, got {cfg.dist_timeout}")
     check_node_flags(cfg, p)
+
+
+def _check_sampler_nodes(cfg: Config, p: Problems) -> None:
+    """``--sampler_port`` and what it needs; ``num_workers`` at least 1, or 0 with sampler nodes to feed the
+    learner."""
+    least = 0 if cfg.sampler_port else 1
+    p.check(
+        cfg.num_workers >= least,
+        "num_workers",
+        f"must be a positive integer, got {cfg.num_workers} (0 only with --sampler_port: sampler nodes then feed "
+        "the learner)",
+    )
+    if not p.check(0 <= cfg.sampler_port < 65536, "sampler_port", f"must be a TCP port, got {cfg.sampler_port}"):
+        return
+    if cfg.sampler_port:
+        for ok, name, why in (
+            (cfg.nnodes == 1 and (cfg.nproc_per_node or 1) == 1, "nproc_per_node", "one device group on one node"),
+            (cfg.async_rl, "async_rl", "--async_rl=True (remote trajectories arrive at their own pace)"),
+            (not cfg.deterministic, "deterministic", "--deterministic=False (remote timing varies)"),
+            (not cfg.serial_mode, "serial_mode", "--serial_mode=False"),
+        ):
+            p.check(ok, name, f"--sampler_port={cfg.sampler_port}: sampler nodes need {why} in this version")
 
 
 def _check_sampling(cfg: Config, p: Problems) -> None:

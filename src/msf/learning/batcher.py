@@ -91,6 +91,10 @@ class Batcher:
         self._ready_count = [0] * num_policies
         self._empty: Batch | None = None
         self.received = 0  # trajectories announced so far (the rank's progress record reports it)
+        # trajectories copied out, and of them dropped as too old, by the worker that announced them (a sampler
+        # node's are under its virtual worker index: msf.sampling.remote_sampler)
+        self.taken_by_worker: collections.Counter[int] = collections.Counter()
+        self.dropped_by_worker: collections.Counter[int] = collections.Counter()
 
     def pending(self, policy: int) -> int:
         """Announced trajectories of ``policy`` still in the buffer, holding their slots."""
@@ -144,6 +148,9 @@ class Batcher:
             self._return(items)
         keep = policy_version - batch["policy_versions"].min(1).values <= self.max_policy_lag
         dropped = int((~keep).sum())
+        for (w, _), kept in zip(items, keep.tolist()):
+            self.taken_by_worker[w] += 1
+            self.dropped_by_worker[w] += not kept
         if dropped:
             batch = {k: v[keep.to(v.device)] for k, v in batch.items()}
         if batch["rewards"].shape[0]:

@@ -34,7 +34,7 @@ from msf.cfg.config import Config, Derived
 from msf.distributed.collectives import collectives_of
 from msf.distributed.topology import RankInfo
 from msf.envs.device_env import device_env_entry
-from msf.envs.registry import EnvSpaces
+from msf.envs.registry import EnvSpaces, env_info_key
 from msf.learning.learner import Learner
 from msf.persistence.checkpoint import list_checkpoints
 from msf.persistence.sf2_checkpoint import as_msf_checkpoint
@@ -45,11 +45,14 @@ from msf.runner.training_loop import TrainingLoop, check_replicas
 from msf.runtime.affinity import learner_threads, set_learner_niceness, usable_cores
 from msf.runtime.signals import Signals, exit_on_interrupt
 from msf.runtime.spawning import start_fork_server, stop_fork_server, use_quiet_executable
+from msf.sampling import wire
 from msf.sampling.device_sampler import DeviceSampler
 from msf.sampling.plan import DeviceGroup, rank_config
 from msf.sampling.process_sampler import ProcessSampler
 from msf.sampling.protocol import Sampler
 from msf.sampling.published_weights import PublishedWeights
+from msf.sampling.remote_sampler import RemoteSampler
+from msf.sampling.sampler_endpoint import SamplerEndpoint
 from msf.sampling.serial import SerialSampler
 from msf.sampling.trajectory_buffer import TrajectoryBuffer
 
@@ -170,7 +173,7 @@ def run_device_group(
     signals = _SignalHandler(launcher_ends_on_second_interrupt=spawned_by_node_launcher)
     try:
         group = DeviceGroup(buffer, weights, rank, device, first_worker=_first_worker(cfg, rank, world))
-        sampler = _make_sampler(cfg, derived, spaces, group, learners if device_env else None)
+        sampler = _make_sampler(cfg, derived, spaces, group, learners, exp_dir, device_env)
         loop = TrainingLoop(
             cfg, derived, learners, buffer, weights, sampler, exp_dir, state, tb, rank, world, heartbeat
         )
@@ -206,13 +209,40 @@ def run_device_group(
 
 
 def _make_sampler(
-    cfg: Config, derived: Derived, spaces: EnvSpaces, group: DeviceGroup, device_env_learners: list[Learner] | None
+    cfg: Config,
+    derived: Derived,
+    spaces: EnvSpaces,
+    group: DeviceGroup,
+    learners: list[Learner],
+    exp_dir: str,
+    device_env: bool,
 ) -> Sampler:
-    """The group's sampler: a device-side env stepped here with the learners' own models (``device_env_learners``),
-    the workers in this process (``--serial_mode``), or in child processes."""
-    if device_env_learners is not None:
-        return DeviceSampler(cfg, derived, spaces, group, device_env_learners)
-    return (SerialSampler if cfg.serial_mode else ProcessSampler)(cfg, derived, spaces, group)
+    """The group's sampler: a device-side env stepped here with the learners' own models (``device_env``); else
+    its workers in child processes (or with ``--serial_mode`` in this one); with ``--sampler_port``, and those of
+    sampler nodes (:class:`RemoteSampler`, its key in ``--sampler_key_file`` or made in the experiment folder)."""
+    if device_env:
+        return DeviceSampler(cfg, derived, spaces, group, learners)
+    local: Sampler | None = None
+    if cfg.num_workers:
+        local = (SerialSampler if cfg.serial_mode else ProcessSampler)(cfg, derived, spaces, group)
+    if not cfg.sampler_port:
+        assert local is not None, "validation: --num_workers=0 needs --sampler_port"
+        return local
+    key_path = cfg.sampler_key_file or os.path.join(exp_dir, "sampler.key")
+    key = wire.read_key(key_path) if os.path.exists(key_path) else wire.make_key(key_path)
+    log.info("sampler nodes sign their messages with the key in %s (msf-sampler --sampler_key_file)", key_path)
+    shape = wire.shape_hash(env_info_key(cfg), spaces, learners[0].model, cfg)
+    try:
+        return RemoteSampler(
+            local,
+            lambda full, stats: SamplerEndpoint(
+                cfg, derived, spaces, group.buffer, group.weights, key, shape, full, stats, cfg.num_workers
+            ),
+        )
+    except BaseException:
+        if local is not None:
+            local.close()
+        raise
 
 
 def _final_summary(loop: TrainingLoop, status: str, wall: float, exp_dir: str) -> dict:

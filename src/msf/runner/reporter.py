@@ -187,6 +187,10 @@ class Reporter:
         self.startup = StartUpProgress(cfg, rollout_wait, start_time)
         self.stall_watch = StallWatch(cfg.heartbeat_interval, cfg.heartbeat_reporting_interval)
         self.progress = Progress(cfg.train_for_env_steps, cfg.with_progress_bar and rank.is_main, initial=self.frames)
+        # the sampler's sampler nodes: summary.json's sampler_nodes, and the status line's part (the training loop
+        # sets them)
+        self.sampler_nodes: Callable[[], dict | None] = lambda: None
+        self.sampler_note: Callable[[], str] = lambda: ""
 
     @property
     def frames(self) -> int:
@@ -396,7 +400,7 @@ class Reporter:
             )
         log.info(
             "frames %d | fps %.0f (10 s) %.0f (run) | return_mean %s | policy_lag mean %.1f max %.0f%s | "
-            "waiting: rollout %.0f%% inference %.0f%% learner %.0f%% | train_step %d | dropped %d%s%s",
+            "waiting: rollout %.0f%% inference %.0f%% learner %.0f%% | train_step %d | dropped %d%s%s%s",
             self.frames,
             recent,
             total,
@@ -409,6 +413,7 @@ class Reporter:
             self.state.dropped_trajectories,
             per_rank,
             per_policy,
+            self.sampler_note(),
         )
 
     def close(self) -> None:
@@ -504,4 +509,6 @@ def run_summary(rep: Reporter, status: str, wall: float) -> dict:
         # frames (env steps without summaries_use_frameskip) at which --stop_at_return_mean was reached and the run
         # stopped (None: no target, or not reached)
         "return_target_reached_at": rep.target_reached_frames,
+        # with --sampler_port: the sampler nodes and each one's books (msf.sampling.remote_sampler); else None
+        "sampler_nodes": rep.sampler_nodes(),
     }

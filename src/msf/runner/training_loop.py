@@ -110,6 +110,9 @@ class TrainingLoop:
         )
         counters = (sampler.rollout_wait, sampler.inference_stats)  # the workers'
         self.reporter = Reporter(cfg, derived, rank, state, learners, *counters, tb, world, self.start_time)
+        books = (self.batcher.taken_by_worker, self.batcher.dropped_by_worker, cfg.rollout)
+        self.reporter.sampler_nodes = lambda: sampler.sources(*books)
+        self.reporter.sampler_note = lambda: sampler.status_note(*books)
         auto_threads = cfg.learner_threads == 0 and cfg.async_rl
         n_workers, n_inference, groups = len(sampler.rollout_wait), len(sampler.inference_stats), rank.nproc_per_node
         self.retune_threads = LearnerThreadRetune(auto_threads, self.start_time, n_workers, n_inference, groups)

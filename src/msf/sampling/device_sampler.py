@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import queue
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import gymnasium as gym
@@ -218,3 +218,9 @@ class DeviceSampler:
 
     def close(self) -> None:
         self.env.close()
+
+    def sources(self, taken: Mapping[int, int], dropped: Mapping[int, int], rollout: int) -> None:
+        return None  # every trajectory is this group's own
+
+    def status_note(self, taken: Mapping[int, int], dropped: Mapping[int, int], rollout: int) -> str:
+        return ""

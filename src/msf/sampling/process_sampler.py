@@ -6,6 +6,7 @@ import dataclasses
 import logging
 import queue
 import time
+from collections.abc import Mapping
 
 from msf.cfg.config import Config, Derived
 from msf.envs.families import remove_engine_files
@@ -94,6 +95,12 @@ class ProcessSampler:
         self.stop_event.set()
         killed = reaping.stop_children(self.procs, reaping.stop_budget_s(self.envs_per_worker))
         remove_engine_files(killed.values())
+
+    def sources(self, taken: Mapping[int, int], dropped: Mapping[int, int], rollout: int) -> None:
+        return None  # every trajectory is this group's own
+
+    def status_note(self, taken: Mapping[int, int], dropped: Mapping[int, int], rollout: int) -> str:
+        return ""
 
 
 def _log_pins(cfg: Config, plan: WorkerPlan, cores: tuple[int, ...] | None) -> None:

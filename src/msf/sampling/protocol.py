@@ -144,6 +144,13 @@ class Sampler(Protocol):
     def close(self) -> None:
         """Stop and end every component, its envs closed; the first failure is raised after all were tried."""
 
+    def sources(self, taken: Mapping[int, int], dropped: Mapping[int, int], rollout: int) -> dict | None:
+        """``summary.json``'s ``sampler_nodes``, from the batcher's trajectories taken and dropped by (virtual)
+        worker: None when every trajectory is this group's own."""
+
+    def status_note(self, taken: Mapping[int, int], dropped: Mapping[int, int], rollout: int) -> str:
+        """What the status line adds about the sampling elsewhere ("" when there is none)."""
+
 
 class EnvSplit(Protocol):
     """The envs of one split of a rollout worker, stepped together (what :func:`msf.envs.vector.make_split`

@@ -92,7 +92,16 @@ class PublishedWeights:
         Raises:
             TimeoutError: no consistent copy could be read within ``timeout_s`` (the writer died mid-copy).
         """
-        state = list(model.state_dict().values())
+        return self._copy_into(list(model.state_dict().values()), timeout_s)
+
+    def snapshot(self, timeout_s: float = 10.0) -> tuple[int, list[torch.Tensor]]:
+        """``(version, tensors)``: a consistent copy of the newest weights, in ``state_dict`` order (what a job
+        sends its sampler nodes). Raises TimeoutError as :meth:`load_into` does."""
+        copies = [torch.empty_like(t) for t in self.tensors]
+        return self._copy_into(copies, timeout_s), copies
+
+    @torch.no_grad()
+    def _copy_into(self, state: list[torch.Tensor], timeout_s: float) -> int:
         deadline = time.monotonic() + timeout_s
         while True:
             seq = int(self.header[0])

@@ -18,6 +18,7 @@ import functools
 import logging
 import threading
 import time
+from collections.abc import Mapping
 
 from msf.cfg.config import Config, Derived
 from msf.envs.registry import EnvSpaces
@@ -112,3 +113,9 @@ class SerialSampler:
     def close(self) -> None:
         """Close every rollout worker's envs (the first failure is raised after all were tried)."""
         close_all(w.close for w in self.rollout)
+
+    def sources(self, taken: Mapping[int, int], dropped: Mapping[int, int], rollout: int) -> None:
+        return None  # every trajectory is this group's own
+
+    def status_note(self, taken: Mapping[int, int], dropped: Mapping[int, int], rollout: int) -> str:
+        return ""

@@ -3,8 +3,10 @@
 Layout: ``S`` slots, each one trajectory of ``T = rollout`` steps. Rollout worker ``w`` owns
 slots ``[w * slots_per_worker, (w + 1) * slots_per_worker)``; each of its envs writes into one
 slot at a time, and the spare slots hold finished trajectories until the learner has
-copied them out. Observations have ``T + 1`` rows per slot: the last row is the
-observation after the last step (the bootstrap), and is also row 0 of the env's next slot.
+copied them out. With sampler nodes (``--sampler_port``), ``remote_slots`` more slots after the workers' hold the
+trajectories they send (:class:`~msf.sampling.sampler_endpoint.SamplerEndpoint` writes them). Observations have
+``T + 1`` rows per slot: the last row is the observation after the last step (the bootstrap), and is also row 0 of
+the env's next slot.
 
 The rollout worker writes ``obs``, ``rewards``, ``dones`` and ``time_outs``; the inference
 worker reads ``obs`` and writes ``actions``, ``log_probs``, ``values`` and ``policy_versions`` (and, with
@@ -75,7 +77,7 @@ class TrajectoryBuffer:
     @staticmethod
     def layout(cfg: Config, derived: Derived, spaces: EnvSpaces) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         """Each tensor's shape and dtype (what :meth:`allocate` allocates), by field name."""
-        S = cfg.num_workers * derived.slots_per_worker
+        S = cfg.num_workers * derived.slots_per_worker + derived.remote_slots
         T = cfg.rollout
         act_dtype = torch.int64 if spaces.discrete else torch.float32
         return {

@@ -1,0 +1,116 @@
+"""A device group's sampler with sampler nodes (``--sampler_port``): its own workers, if any, plus the trajectories
+that sampler nodes send (:class:`~msf.sampling.sampler_endpoint.SamplerEndpoint`), behind the one
+:class:`~msf.sampling.protocol.Sampler` seam: the training loop and its batcher do not know which is which."""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from msf.sampling.messages import SlotsReturned
+from msf.sampling.protocol import ComponentFailed, Outbox, Sampler
+from msf.sampling.sampler_endpoint import SamplerEndpoint
+
+
+class _FreeQueues(Sequence[Outbox[SlotsReturned]]):
+    """The batcher's ``free_queues``: rollout worker ``w``'s below ``len(local)``, the endpoint's above (one per
+    sampler node, all the same queue: the endpoint knows its slots)."""
+
+    def __init__(self, local: Sequence[Outbox[SlotsReturned]], remote: Outbox[SlotsReturned]):
+        self.local, self.remote = local, remote
+
+    def __len__(self) -> int:
+        return len(self.local) + 1
+
+    def __getitem__(self, w: Any) -> Any:  # an int: a worker's index
+        return self.local[w] if w < len(self.local) else self.remote
+
+
+class RemoteSampler:
+    """A :class:`~msf.sampling.protocol.Sampler`: ``local``'s workers (None: ``--num_workers=0``, the learner
+    trains only on what sampler nodes send) and an endpoint for sampler nodes, whose trajectories and episodes
+    arrive on the same queues as the local ones.
+
+    Args:
+        local: the group's own sampler, or None.
+        endpoint: makes the endpoint, given the full queue and the stats queue it announces on.
+    """
+
+    receive_timeout_s = 0.05
+
+    def __init__(self, local: Sampler | None, endpoint: Callable[[Any, Any], SamplerEndpoint]):
+        self.local = local
+        self.full_queue: Any = local.full_queue if local is not None else queue.Queue()
+        self.stats_queue: Any = local.stats_queue if local is not None else queue.Queue()
+        self.endpoint = endpoint(self.full_queue, self.stats_queue)
+        self.free_queues: Sequence[Outbox[SlotsReturned]] = _FreeQueues(
+            local.free_queues if local is not None else [], self.endpoint.returned
+        )
+        self.inference_stats = local.inference_stats if local is not None else []
+        self.rollout_wait = local.rollout_wait if local is not None else []
+        self.logs_tracebacks = local.logs_tracebacks if local is not None else True
+        self.endpoint.note_waiting()
+
+    def advance(self) -> None:
+        """Check the local workers, then the endpoint's thread.
+
+        Raises:
+            ComponentFailed: the endpoint's thread failed; or what the local sampler raises.
+        """
+        if self.local is not None:
+            self.local.advance()
+        if self.endpoint.error is not None:
+            raise ComponentFailed(f"sampler endpoint at {self.endpoint.address} failed: {self.endpoint.error!r}")
+
+    def stop(self) -> None:
+        """Tell the sampler nodes that the job ends (exit 0 there), and stop the local workers."""
+        self.endpoint.finish("ended")
+        if self.local is not None:
+            self.local.stop()
+
+    def close(self) -> None:
+        self.endpoint.finish("failed")  # only if stop() did not come first: a failure
+        if self.local is not None:
+            self.local.close()
+
+    def sources(self, taken: Mapping[int, int], dropped: Mapping[int, int], rollout: int) -> dict:
+        """``summary.json``'s ``sampler_nodes``: how many joined and are connected, the connections refused, and
+        per source its books in agent steps: ``sent = rejected + lost + received`` and ``received = kept +
+        dropped + pending`` (``taken``, ``dropped``: the batcher's trajectories by virtual worker; ``kept`` were
+        taken for training, the last of them discarded at the run's end as the total's ``env_steps_discarded``
+        counts; ``pending``: still in the buffer at the end)."""
+        e = self.endpoint
+        per = {}
+        for s in list(e.sources.values()):
+            w = e.first_worker + s.index
+            t, d = taken.get(w, 0), dropped.get(w, 0)
+            per[s.name] = {
+                "connected": not s.left,
+                "workers": s.workers,
+                "env_steps_sent": max(s.sent, s.received + s.rejected) * rollout,
+                "env_steps_received": s.received * rollout,
+                "env_steps_rejected": s.rejected * rollout,
+                "env_steps_lost": max(0, s.sent - s.received - s.rejected) * rollout,
+                "env_steps_kept": (t - d) * rollout,
+                "env_steps_dropped": d * rollout,
+                "env_steps_pending": (s.received - t) * rollout,
+                "episodes": s.episodes,
+                "policy_lag_mean": s.lag_sum / s.received if s.received else None,
+                "bytes_received": s.bytes,
+            }
+        return {
+            "address": e.address,
+            "joined": len(per),
+            "connected": len(e.connected()),
+            "refused": dict(e.refused),
+            "rejected_connections": e.rejected_connections,
+            "sources": per,
+        }
+
+    def status_note(self, taken: Mapping[int, int], dropped: Mapping[int, int], rollout: int) -> str:
+        """The status line's part: ``sampler nodes N: frames received, dropped``."""
+        s = self.sources(taken, dropped, rollout)
+        received = sum(v["env_steps_received"] for v in s["sources"].values())
+        lost = sum(v["env_steps_dropped"] + v["env_steps_rejected"] for v in s["sources"].values())
+        return f" | sampler nodes {s['connected']}: {received} steps received, {lost} dropped"

@@ -1,0 +1,375 @@
+"""The job's end of its sampler nodes: a ZeroMQ ROUTER socket served by one thread of the device group's process.
+
+The thread answers handshakes (:mod:`msf.sampling.wire`: hello -> config, join -> accept or refuse), checks every
+trajectory message whole (:func:`~msf.sampling.wire.unpack_trajectories`) before anything of it touches the
+trajectory buffer, writes an accepted one into free slots of the buffer's remote range
+(:attr:`~msf.cfg.config.Derived.remote_slots`) and announces them on the training loop's full queue as
+:class:`~msf.sampling.messages.FullTrajectories` of the virtual worker ``first_worker + source``; the batcher
+returns their slots on :attr:`SamplerEndpoint.returned`. The loop sees them as it sees a rollout worker's: same
+batcher, same lag rule, same books.
+
+Back-pressure: with no free remote slot, the thread holds the one message it checked (``parked``) and reads no
+more until slots come back; the samplers' sends then wait in ZeroMQ's queues, and their rollout workers for slots.
+Weights: after each change of a policy's published version (at most every :data:`WEIGHTS_EVERY_S`), a copy goes to
+every sampler that joined. Only this thread touches the sockets (ZeroMQ sockets are not thread-safe); the training
+loop's thread reads the counters.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import queue
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+import msf
+from msf.cfg.config import Config, Derived
+from msf.sampling import wire
+from msf.sampling.messages import EpisodeStats, FullTrajectories, SlotsReturned
+from msf.sampling.protocol import Outbox
+from msf.sampling.published_weights import PublishedWeights
+from msf.sampling.trajectory_buffer import TrajectoryBuffer
+
+log = logging.getLogger("msf")
+
+PING_EVERY_S = 1.0  # a sign of life to every joined sampler
+SILENT_S = 10.0  # a sampler not heard from for this long is counted as gone
+WEIGHTS_EVERY_S = 0.1  # at most this often, a new version's weights to the samplers
+_REFUSED_HANDSHAKES = zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+
+
+def bind_address(cfg: Config) -> str:
+    """``--sampler_bind``, or the rendezvous address: 127.0.0.1 for one node (the only layout this version runs)."""
+    return cfg.sampler_bind or "127.0.0.1"
+
+
+def check_sampler_port(cfg: Config) -> str | None:
+    """Why the sampler port cannot be listened on (one line naming the flag), or None: it can (then it is free
+    again: the device group binds it)."""
+    if not cfg.sampler_port:
+        return None
+    addr = bind_address(cfg)
+    try:
+        infos = socket.getaddrinfo(addr, cfg.sampler_port, type=socket.SOCK_STREAM)
+    except OSError as e:
+        return f"--sampler_bind: cannot resolve {addr!r}: {e}"
+    family, _, _, _, sockaddr = infos[0]
+    s = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(sockaddr)
+    except OSError as e:
+        return f"--sampler_port={cfg.sampler_port}: cannot listen on {addr}:{cfg.sampler_port}: {e.strerror or e}"
+    finally:
+        s.close()
+    return None
+
+
+@dataclass
+class Source:
+    """One sampler node, as the job counts it (trajectories unless said; agent steps are these x rollout)."""
+
+    index: int
+    name: str
+    seq: int = 0  # the last message sequence number taken from it
+    sent: int = 0  # trajectories it says it has sent (the newest trajectory message's count)
+    received: int = 0  # written into the buffer and announced
+    rejected: int = 0  # in messages that failed their checks
+    episodes: int = 0
+    bytes: int = 0
+    lag_sum: float = 0.0  # policy lag (versions) of the received trajectories at arrival
+    last_heard: float = field(default_factory=time.monotonic)
+    left: bool = False  # said bye, or went silent
+    workers: str = ""
+
+
+class SamplerEndpoint:
+    """Listen for sampler nodes and feed their trajectories to the training loop (module docstring).
+
+    Args:
+        cfg, derived: the device group's config. spaces: the env's spaces (the action range checked).
+        buffer: the group's trajectory buffer (its last ``derived.remote_slots`` slots are this endpoint's).
+        weights: per policy, its published weights (the version a trajectory may claim, and what is sent).
+        key: the HMAC key. shape_hash: :func:`~msf.sampling.wire.shape_hash` of the job.
+        full_queue, stats_queue: where trajectories and episodes are announced (the training loop's inboxes).
+        first_worker: the virtual worker index of source 0 (the group's rollout workers come first).
+
+    Raises:
+        zmq.ZMQError: the port cannot be bound.
+    """
+
+    def __init__(
+        self,
+        cfg: Config,
+        derived: Derived,
+        spaces: Any,
+        buffer: TrajectoryBuffer,
+        weights: Sequence[PublishedWeights],
+        key: bytes,
+        shape_hash: str,
+        full_queue: Outbox[FullTrajectories],
+        stats_queue: Outbox[EpisodeStats],
+        first_worker: int,
+    ):
+        self.cfg, self.spaces, self.weights, self.key, self.hash = cfg, spaces, weights, key, shape_hash
+        self.full_queue, self.stats_queue, self.first_worker = full_queue, stats_queue, first_worker
+        self.views = buffer.numpy_views()
+        self.fields = wire.trajectory_fields(TrajectoryBuffer.layout(cfg, derived, spaces))
+        first_slot = cfg.num_workers * derived.slots_per_worker
+        self.free = collections.deque(range(first_slot, first_slot + derived.remote_slots))
+        self.returned: queue.Queue[SlotsReturned] = queue.Queue()  # the batcher's free queue for every source
+        self.sources: dict[bytes, Source] = {}
+        self.refused: dict[str, str] = {}  # peers that never joined: why (the first reason)
+        self.rejected_connections = 0  # connections that were not ZeroMQ peers (random bytes, a port scan)
+        self.address = f"{bind_address(cfg)}:{cfg.sampler_port}"
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        per_traj = sum(math.prod(s) * d.itemsize for s, d in self.fields.values())
+        # ZeroMQ drops the connection of a peer whose message is larger: it never reaches this process
+        self._sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_TRAJECTORIES_PER_MESSAGE * per_traj + 2**20)
+        self._sock.setsockopt(zmq.RCVHWM, 64)
+        self._sock.setsockopt(zmq.LINGER, 1000)
+        try:
+            self._sock.bind(f"tcp://{self.address}")
+        except zmq.ZMQError:
+            self._ctx.destroy(linger=0)
+            raise
+        self._monitor = self._sock.get_monitor_socket(_REFUSED_HANDSHAKES)
+        self._parked: tuple[Source, list[int], dict[str, np.ndarray]] | None = None
+        self._sent_version = [-1] * len(weights)
+        self._last_weights = self._last_ping = 0.0
+        self._logged: set[tuple[str, str]] = set()
+        self._end: str | None = None
+        self._stopped = threading.Event()
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="sampler_endpoint", daemon=True)
+        self._thread.start()
+        log.info("sampler nodes may join at %s (msf-sampler --connect=%s)", self.address, self.address)
+
+    # --- the loop's side ------------------------------------------------------------------------
+    def connected(self) -> list[Source]:
+        """The sampler nodes that joined and are neither gone nor silent."""
+        return [s for s in self.sources.values() if not s.left]
+
+    def finish(self, reason: str) -> None:
+        """Tell every joined sampler that the job ends (``reason``: done, stopped or failed), close the socket and
+        end the thread (within about a second). Idempotent."""
+        if self._end is None:
+            self._end = reason
+        self._stopped.set()
+        self._thread.join(timeout=5.0)
+
+    # --- the thread ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while not self._stopped.is_set():
+                self._serve_once()
+        except BaseException as e:  # noqa: BLE001 - the training loop raises it (SamplerEndpoint.error)
+            self.error = e
+        finally:
+            self._close()
+
+    def _serve_once(self) -> None:
+        now = time.monotonic()
+        while True:
+            try:
+                self.free.extend(self.returned.get_nowait().slots)
+            except queue.Empty:
+                break
+        self._send_weights(now)
+        if now - self._last_ping >= PING_EVERY_S:
+            self._last_ping = now
+            self._note_silent(now)
+            self._broadcast(wire.sign(self.key, "ping", {"seq": 0}))
+        self._watch_handshakes()
+        if self._parked is not None:
+            if len(self.free) < len(self._parked[1]):
+                time.sleep(0.005)
+                return
+            self._enter(*self._parked)
+            self._parked = None
+        if not self._sock.poll(20):
+            return
+        for _ in range(64):  # then the weights and the pings again
+            try:
+                frames = self._sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._handle(frames)
+            if self._parked is not None:
+                return
+
+    def _close(self) -> None:
+        if self._end is not None:
+            self._broadcast(wire.sign(self.key, "end", {"reason": self._end}))
+        self._monitor.close(linger=0)
+        self._sock.close(linger=1000)  # the end message goes out first
+        self._ctx.term()
+
+    def _broadcast(self, frames: list[bytes], to: Sequence[Source] | None = None) -> None:
+        for ident, s in self.sources.items():
+            if not s.left and (to is None or s in to):
+                try:
+                    self._sock.send_multipart([ident, *frames], zmq.NOBLOCK)
+                except zmq.Again:
+                    pass  # its queue is full: it gets the next one
+
+    def _send_weights(self, now: float, to: Sequence[Source] | None = None) -> None:
+        if to is None and now - self._last_weights < WEIGHTS_EVERY_S:
+            return
+        self._last_weights = now
+        for p, w in enumerate(self.weights):
+            if to is None and w.version == self._sent_version[p]:
+                continue
+            version, tensors = w.snapshot()
+            self._sent_version[p] = version
+            header = {"policy": p, "version": version}
+            self._broadcast(wire.sign(self.key, "weights", header, [t.numpy() for t in tensors]), to)
+
+    def _note_silent(self, now: float) -> None:
+        for s in self.sources.values():
+            if not s.left and now - s.last_heard > SILENT_S and self._parked is None:
+                s.left = True
+                log.warning("sampler node %s: nothing heard for %.0f s: counted as gone", s.name, SILENT_S)
+                self.note_waiting()
+
+    def note_waiting(self) -> None:
+        """Log, when no sampler node is connected and the group has no rollout worker, that the learner waits."""
+        if not self.connected() and self.cfg.num_workers == 0:
+            log.warning(
+                "no sampler node is connected and this learner has no rollout worker: it waits for one to join at %s",
+                self.address,
+            )
+
+    def _watch_handshakes(self) -> None:
+        while self._monitor.poll(0):
+            event = recv_monitor_message(self._monitor)
+            if event["event"] & _REFUSED_HANDSHAKES:
+                self.rejected_connections += 1
+                if self.rejected_connections == 1:
+                    log.warning("sampler port %s: a connection that is not a ZeroMQ peer was closed", self.address)
+
+    def _once(self, who: str, what: str, line: str) -> None:
+        """Log ``line`` the first time ``who`` has problem ``what``."""
+        if (who, what) not in self._logged:
+            self._logged.add((who, what))
+            log.warning("%s", line)
+
+    # --- messages -----------------------------------------------------------------------------
+    def _handle(self, frames: list[bytes]) -> None:
+        ident, frames = frames[0], frames[1:]
+        # a sampler names itself HOST:PID (its routing id); a peer that did not is named by its id's bytes
+        name = ident.decode() if ident.isascii() and ident.decode().isprintable() else f"peer-{ident.hex()[:16]}"
+        try:
+            kind, header, payload = wire.verify(self.key, frames)
+        except (PermissionError, wire.Malformed) as e:
+            self.refused.setdefault(name, str(e))
+            self._once(name, "auth", f"sampler node {name}: message dropped: {e}")
+            return
+        source = self.sources.get(ident)
+        if source is not None and not source.left:
+            source.last_heard = time.monotonic()
+        if kind in ("hello", "join"):
+            self._handshake(ident, name, kind, header)
+            return
+        if source is None or source.left:
+            self._once(name, "unjoined", f"sampler node {name}: {kind} message before joining: dropped")
+            return
+        seq = header.get("seq")
+        if not isinstance(seq, int) or seq <= source.seq:
+            self._once(name, "seq", f"sampler node {name}: message out of sequence (a replay?): dropped")
+            return
+        source.seq = seq
+        source.bytes += sum(map(len, frames))
+        if kind == "traj":
+            self._trajectories(source, header, payload)
+        elif kind == "stats":
+            self._episodes(source, header)
+        elif kind == "bye":
+            source.left = True
+            log.info("sampler node %s left (%d trajectories received)", name, source.received)
+            self.note_waiting()
+
+    def _reply(self, ident: bytes, kind: str, header: dict) -> None:
+        self._sock.send_multipart([ident, *wire.sign(self.key, kind, header)], zmq.NOBLOCK)
+
+    def _handshake(self, ident: bytes, name: str, kind: str, header: dict) -> None:
+        version = header.get("msf_version")
+        why = None
+        if version != msf.__version__:
+            why = f"msf version {version}, the job runs {msf.__version__}"
+        elif kind == "join" and header.get("env") != self.cfg.env:
+            why = f"env {header.get('env')!r}, the job trains {self.cfg.env!r}"
+        elif kind == "join" and header.get("shape_hash") != self.hash:
+            why = "what shapes its trajectories (env flags, spaces, model, rollout) differs from the job's"
+        if why is not None:
+            self.refused.setdefault(name, why)
+            self._once(name, "refused", f"sampler node {name} refused: {why}")
+            self._reply(ident, "refuse", {"reason": why})
+            return
+        if kind == "hello":
+            self._reply(ident, "config", {"msf_version": msf.__version__, "config": self.cfg.to_dict()})
+            return
+        old = self.sources.get(ident)
+        source = Source(len(self.sources) if old is None else old.index, name, workers=str(header.get("workers", "")))
+        if old is not None:  # it joins again (after a silence): its books go on
+            source = old
+            source.left, source.last_heard = False, time.monotonic()
+        self.sources[ident] = source
+        log.info("sampler node %s joined (source %d, %s)", name, source.index, source.workers)
+        self._reply(ident, "accept", {"version": self.weights[0].version})
+        self._send_weights(time.monotonic(), to=[source])
+
+    def _trajectories(self, source: Source, header: dict, payload: list[bytes]) -> None:
+        versions = [w.version for w in self.weights]
+        sent = header.get("sent")
+        if isinstance(sent, int):
+            source.sent = max(source.sent, sent)
+        try:
+            policies, arrays = wire.unpack_trajectories(
+                header, payload, self.fields, versions, self.spaces.num_actions, self.spaces.discrete
+            )
+        except wire.Malformed as e:
+            n = header.get("policies")
+            source.rejected += len(n) if isinstance(n, list) else 0
+            self._once(source.name, "malformed", f"sampler node {source.name}: trajectories dropped: {e}")
+            return
+        pv = arrays["policy_versions"].min(axis=1)
+        source.lag_sum += float(sum(versions[p] - v for p, v in zip(policies, pv)))
+        if len(self.free) < len(policies):
+            self._parked = (source, policies, arrays)
+            return
+        self._enter(source, policies, arrays)
+
+    def _enter(self, source: Source, policies: list[int], arrays: dict[str, np.ndarray]) -> None:
+        """Write checked trajectories into free slots, then announce them (whole: the slots are the learner's
+        only from the announcement on)."""
+        slots = [self.free.popleft() for _ in policies]
+        for name, a in arrays.items():
+            self.views[name][slots] = a
+        self.views["slot_policy"][slots] = policies
+        source.received += len(slots)
+        self.full_queue.put(FullTrajectories(self.first_worker + source.index, slots))
+
+    def _episodes(self, source: Source, header: dict) -> None:
+        returns, lengths, policies = header.get("returns"), header.get("lengths"), header.get("policies")
+        ok = isinstance(returns, list) and isinstance(lengths, list) and isinstance(policies, list)
+        ok = ok and len(returns) == len(lengths) == len(policies)  # type: ignore[arg-type]
+        ok = ok and all(isinstance(r, (int, float)) and math.isfinite(r) for r in returns)  # type: ignore[union-attr]
+        ok = ok and all(isinstance(n, int) and n > 0 for n in lengths)  # type: ignore[union-attr]
+        ok = ok and all(isinstance(p, int) and 0 <= p < len(self.weights) for p in policies)  # type: ignore[union-attr]
+        if not ok:
+            self._once(source.name, "stats", f"sampler node {source.name}: malformed episode statistics dropped")
+            return
+        source.episodes += len(returns)  # type: ignore[arg-type]
+        self.stats_queue.put(EpisodeStats(self.first_worker + source.index, returns, lengths, policies))  # type: ignore[arg-type]

@@ -1,0 +1,193 @@
+"""The messages between a job and its sampler nodes, as bytes: signing, packing and checking. No sockets here.
+
+A message is a list of frames (ZeroMQ multipart): ``[kind, header, *payload, mac]``. ``kind`` is one of the
+names below, ``header`` a JSON object, ``payload`` raw tensor bytes (C order, native little-endian), and ``mac``
+the HMAC-SHA256 (RFC 2104, :mod:`hmac`) of every frame before it, each preceded by its length as 8 bytes, under the
+job's key: a frame cannot be moved into another or cut short without the MAC failing.
+
+==========  ===============  ===========================================================================
+kind        direction        header (payload)
+==========  ===============  ===========================================================================
+hello       sampler -> job   ``msf_version``, ``seq`` (the sampler asks for the job's config)
+config      job -> sampler   ``msf_version``, ``config`` (the job's flags), ``spaces``
+join        sampler -> job   ``msf_version``, ``env``, ``shape_hash`` (:func:`shape_hash` of what it runs)
+accept      job -> sampler   ``version`` (policy 0's version now)
+refuse      job -> sampler   ``reason`` (one line; the sampler exits 2)
+traj        sampler -> job   ``seq``, ``policies`` ``[n]`` (the fields of :func:`trajectory_fields`, n rows each)
+stats       sampler -> job   ``seq``, ``returns``, ``lengths``, ``policies`` (finished episodes)
+ping        both ways        ``seq`` (a sign of life when there is nothing else to send)
+weights     job -> sampler   ``policy``, ``version`` (the policy's ``state_dict`` tensors, in order)
+bye         sampler -> job   ``seq`` (the sampler stops)
+end         job -> sampler   ``reason`` (``done``, ``stopped`` or ``failed``; the sampler exits 0)
+==========  ===============  ===========================================================================
+
+``seq`` counts a sampler's messages (1, 2, ...): the job drops one whose ``seq`` is not above the last it took
+from that sampler (a replayed message).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+import torch
+
+MAC_BYTES = 32  # SHA-256
+KEY_BYTES = 32
+MAX_TRAJECTORIES_PER_MESSAGE = 64  # a sampler splits a larger announcement; the job refuses a larger message
+KINDS = ("hello", "config", "join", "accept", "refuse", "traj", "stats", "ping", "weights", "bye", "end")
+
+
+class Malformed(ValueError):
+    """A message that is not what its kind says (the message names the first problem)."""
+
+
+def make_key(path: str) -> bytes:
+    """A new random key, written to ``path`` as hex, readable by its owner only (mode 0600); returns it."""
+    key = os.urandom(KEY_BYTES)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key.hex() + "\n")
+    return key
+
+
+def read_key(path: str) -> bytes:
+    """The key in ``path`` (hex, as :func:`make_key` writes it, or any other non-empty content taken as bytes).
+
+    Raises:
+        OSError: the file cannot be read. ValueError: it is empty.
+    """
+    with open(path, "rb") as f:
+        raw = f.read().strip()
+    if not raw:
+        raise ValueError(f"{path} is empty")
+    try:
+        return bytes.fromhex(raw.decode("ascii"))
+    except ValueError:
+        return raw
+
+
+def _mac(key: bytes, frames: Sequence[bytes]) -> bytes:
+    h = hmac.new(key, digestmod=hashlib.sha256)
+    for f in frames:
+        h.update(len(f).to_bytes(8, "little"))
+        h.update(f)
+    return h.digest()
+
+
+def sign(key: bytes, kind: str, header: Mapping[str, Any], payload: Sequence[Any] = ()) -> list[bytes]:
+    """The frames of one message (``payload``: buffers, such as contiguous numpy arrays or ``bytes``)."""
+    frames = [
+        kind.encode(),
+        json.dumps(header, separators=(",", ":")).encode(),
+        *(bytes(memoryview(p)) for p in payload),
+    ]
+    return [*frames, _mac(key, frames)]
+
+
+def verify(key: bytes, frames: Sequence[bytes]) -> tuple[str, dict, list[bytes]]:
+    """``(kind, header, payload)`` of a message whose MAC holds.
+
+    Raises:
+        PermissionError: the MAC does not hold (another key, or the message was changed).
+        Malformed: too few frames, an unknown kind, a header that is not a JSON object.
+    """
+    if len(frames) < 3:
+        raise Malformed(f"{len(frames)} frames, at least 3 expected")
+    if not hmac.compare_digest(_mac(key, frames[:-1]), bytes(frames[-1])):
+        raise PermissionError("the message failed authentication (not signed with the job's key)")
+    kind = bytes(frames[0]).decode("ascii", "replace")
+    if kind not in KINDS:
+        raise Malformed(f"unknown kind {kind!r}")
+    try:
+        header = json.loads(bytes(frames[1]))
+    except ValueError as e:
+        raise Malformed(f"header is not JSON: {e}") from None
+    if not isinstance(header, dict):
+        raise Malformed("header is not a JSON object")
+    return kind, header, [bytes(f) for f in frames[2:-1]]
+
+
+def shape_hash(env_key: Mapping[str, Any], spaces: Any, model: torch.nn.Module, cfg: Any) -> str:
+    """SHA-256 (hex) of everything that shapes a trajectory and the weights that act in it: the env and its flags
+    (``env_key``: :func:`msf.envs.registry.env_info_key`), its spaces, the model's tensors (names and shapes), the
+    rollout and recurrence. A sampler node and its job must agree on it."""
+    space = asdict(spaces)
+    space["obs_dtype"] = np.dtype(spaces.obs_dtype).str
+    what = {
+        "env": env_key,
+        "spaces": space,
+        "model": [(k, list(v.shape)) for k, v in model.state_dict().items()],
+        "rollout": cfg.rollout,
+        "recurrence": cfg.recurrence,
+        "use_rnn": cfg.use_rnn,
+    }
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def trajectory_fields(layout: Mapping[str, tuple[tuple[int, ...], torch.dtype]]) -> dict[str, tuple[tuple, np.dtype]]:
+    """The fields a ``traj`` message carries, in order, with the shape and dtype of one trajectory: those of
+    :meth:`~msf.sampling.trajectory_buffer.TrajectoryBuffer.gather` (``layout``: the buffer's, per slot)."""
+    names = ["obs", "actions", "log_probs", "values", "rewards", "dones", "time_outs", "policy_versions"]
+    names += [k for k in ("rnn_states", "action_params") if layout[k][0][-1]]
+    return {k: (layout[k][0][1:], torch.empty(0, dtype=layout[k][1]).numpy().dtype) for k in names}
+
+
+def pack_trajectories(batch: Mapping[str, torch.Tensor], fields: Mapping[str, Any]) -> list[np.ndarray]:
+    """The payload of a ``traj`` message: each field of ``batch`` (``[n, ...]`` tensors), contiguous."""
+    return [np.ascontiguousarray(batch[k].numpy()) for k in fields]
+
+
+def unpack_trajectories(
+    header: Mapping[str, Any],
+    payload: Sequence[bytes],
+    fields: Mapping[str, tuple[tuple, np.dtype]],
+    versions: Sequence[int],
+    num_actions: int,
+    discrete: bool,
+) -> tuple[list[int], dict[str, np.ndarray]]:
+    """Check a ``traj`` message whole and return ``(policies [n], {field: [n, ...] array})``.
+
+    Args:
+        fields: :func:`trajectory_fields` of the job's buffer. versions: each policy's version now (a trajectory
+            may not claim a later one). num_actions, discrete: the action space (discrete actions in
+            ``[0, num_actions)``).
+
+    Raises:
+        Malformed: naming the first problem: the count of trajectories or frames, a frame's size, a non-finite
+            float, a flag that is not 0/1, an action out of range, a policy or policy version out of range.
+    """
+    policies = header.get("policies")
+    if not isinstance(policies, list) or not 1 <= len(policies) <= MAX_TRAJECTORIES_PER_MESSAGE:
+        raise Malformed(f"policies: a list of 1 to {MAX_TRAJECTORIES_PER_MESSAGE} policy ids expected")
+    if not all(isinstance(p, int) and 0 <= p < len(versions) for p in policies):
+        raise Malformed(f"policies: ids in [0, {len(versions)}) expected")
+    n = len(policies)
+    if len(payload) != len(fields):
+        raise Malformed(f"{len(payload)} payload frames, {len(fields)} expected ({', '.join(fields)})")
+    out = {}
+    for (name, (shape, dtype)), raw in zip(fields.items(), payload):
+        want = n * math.prod(shape) * dtype.itemsize
+        if len(raw) != want:
+            raise Malformed(f"{name}: {len(raw)} bytes, {want} expected for {n} trajectories of {shape} {dtype}")
+        a = np.frombuffer(raw, dtype=dtype).reshape(n, *shape)
+        if dtype.kind == "f" and not np.isfinite(a).all():
+            raise Malformed(f"{name}: non-finite values")
+        out[name] = a
+    for name in ("dones", "time_outs"):
+        if (out[name] > 1).any():
+            raise Malformed(f"{name}: values other than 0 and 1")
+    if discrete and ((out["actions"] < 0).any() or (out["actions"] >= num_actions).any()):
+        raise Malformed(f"actions: outside [0, {num_actions})")
+    pv = out["policy_versions"]
+    limit = np.asarray([versions[p] for p in policies], dtype=np.int64)[:, None]
+    if (pv < 0).any() or (pv > limit).any():
+        raise Malformed("policy_versions: negative, or later than the learner's version (a version not yet made)")
+    return policies, out

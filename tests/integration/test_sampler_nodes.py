@@ -1,0 +1,201 @@
+"""Sampler nodes over loopback (issue 37): a learner fed by ``msf-sampler`` processes, the intruders it refuses,
+and how both sides end. Each process runs in a session of its own, so that a test can kill it whole."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import SLACK_S, msf_env, read_summary
+from tests.integration.test_nodes import _listeners, free_port
+
+SMALL = ["--env=CartPole-v1", "--num_envs_per_worker=4", "--batch_size=128", "--encoder_mlp_layers", "32"]
+ROLLOUT = 32
+
+
+def start(module: str, args: list[str]) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", module, *args]
+    if module == "msf.train":
+        cmd[3:3] = ["--device=cpu", "--with_progress_bar=False"]
+    return subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=msf_env(), start_new_session=True
+    )
+
+
+def job(train_dir: Path, exp: str, port: int, extra: list[str]) -> subprocess.Popen:
+    return start("msf.train", [f"--experiment={exp}", f"--train_dir={train_dir}", f"--sampler_port={port}", *extra])
+
+
+def sampler(port: int, *extra: str) -> subprocess.Popen:
+    return start("msf.sampler", [f"--connect=127.0.0.1:{port}", "--num_workers=1", "--num_envs_per_worker=4", *extra])
+
+
+def wait_for_log(log: Path, pattern: str, timeout: float = 90.0) -> re.Match:
+    """The first match of ``pattern`` in ``log`` (the job's log.txt), waiting for it to appear."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        m = re.search(pattern, log.read_text()) if log.exists() else None
+        if m:
+            return m
+        time.sleep(0.2)
+    raise AssertionError(
+        f"{pattern!r} not in {log} within {timeout} s:\n{log.read_text()[-3000:] if log.exists() else ''}"
+    )
+
+
+def communicate(p: subprocess.Popen, timeout: float) -> tuple[int, str, str]:
+    try:
+        out, err = p.communicate(timeout=timeout)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    return p.returncode, out, err
+
+
+def session_pids(sid: int) -> set[int]:
+    """The processes of session ``sid`` (a process started with ``start_new_session`` and everything it started)."""
+    pids = set()
+    for d in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[3]) == sid:
+                    pids.add(int(d))
+        except (OSError, ValueError):
+            pass
+    return pids
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def node_sent(err: str) -> int:
+    """The trajectories a sampler node says it sent, from its last line."""
+    return int(re.search(r"(\d+) trajectories sent", err).group(1))  # type: ignore[union-attr]
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    reason="issue 37 number 1 not met yet: a node's trajectories reach the learner about 3 policy versions old (local "
+    "workers: about 1), aged in ZeroMQ's and the kernel's send and receive buffers; seed 0 reached 249 and 179 at "
+    "300k. Needs flow control (the job granting each node one iteration of credit)",
+    strict=False,
+)
+def test_a_learner_fed_only_by_a_sampler_node_reaches_450(train_dir):
+    """Issue 37, number 1: CartPole-v1, the learner at --num_workers=0 and one sampler node: mean return >= 450
+    within 300k env steps; every env step the learner took came from the node, and the books close."""
+    port = free_port()
+    # msf's defaults with iterations of 1024 samples: the small-env preset's adaptive learning rate, tuned for the
+    # lag of local workers, fell short (179 at 300k) at a sampler node's policy lag (about 3 versions)
+    flags = ["--num_workers=0", "--batch_size=512", "--num_batches_per_epoch=2"]
+    args = ["--env=CartPole-v1", "--seed=0", "--train_for_env_steps=300000", "--stop_at_return_mean=450", *flags]
+    j = job(train_dir, "fed", port, args)
+    wait_for_log(train_dir / "fed" / "log.txt", "sampler nodes may join")
+    node = sampler(
+        port, "--num_workers=2", "--num_envs_per_worker=16", f"--sampler_key_file={train_dir}/fed/sampler.key"
+    )
+    rj, _, ej = communicate(j, timeout=600)
+    rn, _, en = communicate(node, timeout=SLACK_S)
+    assert rj == 0 and rn == 0, (ej[-2000:], en[-2000:])
+    s = read_summary(train_dir, "fed")
+    assert s["episode_return_mean"] >= 450 and s["return_target_reached_at"] == s["env_steps"] <= 300_000, s
+    (src,) = s["sampler_nodes"]["sources"].values()
+    # the agreement's count of env steps taken is the node's steps taken out of the buffer (kept or dropped)
+    assert src["env_steps_kept"] + src["env_steps_dropped"] == s["env_steps"]
+    assert src["env_steps_received"] == src["env_steps_kept"] + src["env_steps_dropped"] + src["env_steps_pending"]
+    assert s["env_steps_trained"] + s["env_steps_dropped"] + s["env_steps_discarded"] == s["env_steps"]
+    # what the node says it sent: what arrived, and at most its last messages in flight when the job ended
+    assert src["env_steps_rejected"] == src["env_steps_lost"] == 0
+    assert 0 <= node_sent(en) * ROLLOUT - src["env_steps_received"] <= 64 * ROLLOUT
+
+
+def test_intruders_are_refused_in_one_line_each_and_the_job_trains_on_then_ctrl_c_ends_its_sampler(train_dir):
+    """Issue 37, number 6 and the first half of 5: a sampler without the key, one with another env, and random
+    bytes sent to the port are refused or dropped, one line each, while the learner trains on (with its own worker
+    and a good sampler node); the port listens on the rendezvous address only; a Ctrl-C to the job ends the good
+    node with exit 0 within 15 s."""
+    port = free_port()
+    log = train_dir / "e" / "log.txt"
+    j = job(train_dir, "e", port, [*SMALL, "--num_workers=1", "--seed=1"])
+    wait_for_log(log, "sampler nodes may join")
+    assert _listeners(port) == [f"127.0.0.1:{port}"]  # not every interface
+    key = f"--sampler_key_file={train_dir}/e/sampler.key"
+    good = sampler(port, key)
+    keyless = sampler(port, "--connect_timeout=4")
+    other_env = sampler(port, key, "--env=Acrobot-v1")
+    for data in (os.urandom(2048), b"\xff" + os.urandom(2048)):
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall(data)
+            time.sleep(0.3)
+    rk, _, ek = communicate(keyless, timeout=60)
+    ro, _, eo = communicate(other_env, timeout=60)
+    assert rk == 1 and ek.strip().splitlines()[-1] == (
+        f"msf-sampler: error: no job answered at 127.0.0.1:{port} within 4 s (--connect_timeout): is msf-train "
+        "running there with --sampler_port, and does --sampler_key_file hold its key?"
+    ), ek
+    assert ro == 2 and eo.strip().splitlines()[-1] == (
+        f"msf-sampler: error: the job at 127.0.0.1:{port} refused this sampler: env 'Acrobot-v1', the job trains "
+        "'CartPole-v1'"
+    ), eo
+    # the good node's trajectories are trained on: the status line counts them
+    wait_for_log(log, r"sampler nodes 1: [1-9]\d* steps received")
+    t0 = time.monotonic()
+    os.kill(j.pid, signal.SIGINT)
+    rg, _, eg = communicate(good, timeout=60)
+    ended_after = time.monotonic() - t0
+    rj, _, ej = communicate(j, timeout=60)
+    assert rj == 0 and rg == 0, (ej[-2000:], eg[-2000:])
+    assert ended_after <= 15, ended_after
+    text = log.read_text()
+    assert len(re.findall(r"sampler node vm:\d+: message dropped: the message failed authentication", text)) == 1
+    assert len(re.findall(r"sampler node \S+ refused: env 'Acrobot-v1', the job trains 'CartPole-v1'", text)) == 1
+    intruders = re.findall(r"sampler node peer-\w+: message dropped|a connection that is not a ZeroMQ peer", text)
+    assert 1 <= len(intruders) <= 2, text  # the random bytes: one line per connection at most
+    s = read_summary(train_dir, "e")
+    assert s["status"] == "stopped" and s["train_steps"] > 0
+    nodes = s["sampler_nodes"]
+    assert nodes["joined"] == 1 and len(nodes["refused"]) >= 2
+    (src,) = nodes["sources"].values()
+    assert src["env_steps_received"] > 0 and src["env_steps_kept"] > 0
+    assert src["env_steps_received"] == src["env_steps_kept"] + src["env_steps_dropped"] + src["env_steps_pending"]
+    assert 0 <= node_sent(eg) * ROLLOUT - src["env_steps_received"] <= 64 * ROLLOUT
+
+
+def test_a_sampler_node_that_loses_its_job_exits_1_naming_the_address_and_leaves_nothing(train_dir):
+    """Issue 37, the second half of number 5: the job SIGKILLed, its sampler node exits non-zero after
+    --connect_timeout, naming the address, with no process of its own left and no record in /dev/shm."""
+    port = free_port()
+    log = train_dir / "k" / "log.txt"
+    j = job(train_dir, "k", port, [*SMALL, "--num_workers=0"])
+    wait_for_log(log, "sampler nodes may join")
+    node = sampler(port, "--connect_timeout=5", f"--sampler_key_file={train_dir}/k/sampler.key")
+    wait_for_log(log, r"sampler nodes 1: [1-9]\d* steps received")
+    pids = session_pids(node.pid)
+    assert len(pids) >= 4, pids  # the node, its fork server, its inference worker and its rollout worker
+    os.killpg(j.pid, signal.SIGKILL)
+    j.wait()
+    t0 = time.monotonic()
+    rn, _, en = communicate(node, timeout=5 + SLACK_S)
+    assert time.monotonic() - t0 >= 3  # it waited (the job pings every second, so up to a second was heard)
+    assert rn == 1
+    assert re.fullmatch(
+        rf"msf-sampler: error: lost the job at 127.0.0.1:{port}: nothing heard for \d+ s \(--connect_timeout=5\)",
+        en.strip().splitlines()[-1],
+    ), en[-2000:]
+    deadline = time.monotonic() + 10
+    while any(map(alive, pids)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [p for p in pids if alive(p)]
+    assert not [p for p in pids if os.path.exists(f"/dev/shm/msf-semaphores.{p}")]
