@@ -508,8 +508,9 @@ gym.register("MsfTargetReach-v0", entry_point=TargetReach)
 
 
 class SlowCloseCartPole(CartPoleEnv):
-    """CartPole whose ``close`` takes ``MSF_TEST_SLOW_CLOSE_S`` seconds (default 8): a clean stop lasts at least
-    that long (the workers close their envs before they exit)."""
+    """CartPole whose ``close`` takes ``MSF_TEST_SLOW_CLOSE_S`` seconds (default 8): the workers are still closing
+    their envs for that long after a stop, until the stop's grace ends them. Its spaces are declared, so that
+    msf-train's launcher does not make (and close) one to read them."""
 
     def close(self):
         time.sleep(float(os.environ.get("MSF_TEST_SLOW_CLOSE_S", "8")))
@@ -517,3 +518,4 @@ class SlowCloseCartPole(CartPoleEnv):
 
 
 gym.register("MsfSlowCloseCartPole-v0", entry_point=SlowCloseCartPole, max_episode_steps=500)
+declare_spaces("MsfSlowCloseCartPole-v0", gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), gym.spaces.Discrete(2))

@@ -150,6 +150,56 @@ def wait_until_training(exp_dir: Path, timeout: float = 60.0) -> None:
         time.sleep(0.5)
 
 
+def session_of(pid: int) -> int | None:
+    """The session id of process ``pid`` (None: gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[3])  # field 6: the session id
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def live_processes_of_session(sid: int) -> list[int]:
+    """The pids of the processes of session ``sid`` that are not zombies (a run started with
+    ``start_new_session=True``: every process it starts, directly or not, is in its session)."""
+    pids = []
+    for pid in (int(e) for e in os.listdir("/proc") if e.isdigit()):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()  # the state, then the parent, group, session
+        except (OSError, IndexError):
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":
+            pids.append(pid)
+    return pids
+
+
+def semaphores_of_session(sid: int) -> set[str]:
+    """The named semaphores (/dev/shm/sem.*) that the processes of session ``sid`` have mapped."""
+    files = set()
+    for e in os.listdir("/proc"):
+        if e.isdigit() and session_of(int(e)) == sid:
+            try:
+                with open(f"/proc/{e}/maps") as f:
+                    files |= {line.split()[-1] for line in f if line.split()[-1].startswith("/dev/shm/sem.")}
+            except OSError:
+                pass
+    return files
+
+
+def kill_session(sid: int) -> None:
+    """SIGKILL every process of session ``sid`` at once, the workers' own process groups included (as a
+    container's or a job's kill does)."""
+    import signal
+
+    for e in os.listdir("/proc"):
+        if e.isdigit() and session_of(int(e)) == sid:
+            try:
+                os.kill(int(e), signal.SIGKILL)
+            except OSError:
+                pass
+
+
 @pytest.fixture
 def train_dir(tmp_path: Path) -> Path:
     return tmp_path / "train_dir"

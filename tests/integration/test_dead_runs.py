@@ -4,44 +4,19 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import time
 
 import pytest
 
-from .conftest import popen_msf, read_summary, run_msf, wait_until_training
-
-
-def _session_of(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[3])  # field 6: the session id
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def _semaphores_of_session(sid: int) -> set[str]:
-    """The named semaphores (/dev/shm/sem.*) that the processes of session ``sid`` have mapped."""
-    files = set()
-    for e in os.listdir("/proc"):
-        if e.isdigit() and _session_of(int(e)) == sid:
-            try:
-                with open(f"/proc/{e}/maps") as f:
-                    files |= {line.split()[-1] for line in f if line.split()[-1].startswith("/dev/shm/sem.")}
-            except OSError:
-                pass
-    return files
-
-
-def _kill_session(sid: int) -> None:
-    """SIGKILL every process of session ``sid`` at once, the workers' own process groups included (as a
-    container's or a job's kill does)."""
-    for e in os.listdir("/proc"):
-        if e.isdigit() and _session_of(int(e)) == sid:
-            try:
-                os.kill(int(e), signal.SIGKILL)
-            except OSError:
-                pass
+from .conftest import (
+    kill_session,
+    popen_msf,
+    read_summary,
+    run_msf,
+    semaphores_of_session,
+    session_of,
+    wait_until_training,
+)
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc") or not os.path.isdir("/dev/shm"), reason="Linux's /dev/shm only")
@@ -55,15 +30,15 @@ def test_the_semaphores_of_a_killed_run_are_removed_by_the_next_run(train_dir):
     )
     try:
         wait_until_training(train_dir / "killed")
-        files = _semaphores_of_session(p.pid)
-        _kill_session(p.pid)
+        files = semaphores_of_session(p.pid)
+        kill_session(p.pid)
         p.wait(30)
     finally:
         if p.poll() is None:
-            _kill_session(p.pid)
+            kill_session(p.pid)
             p.wait(30)
     deadline = time.monotonic() + 10
-    while any(_session_of(int(e)) == p.pid for e in os.listdir("/proc") if e.isdigit()):
+    while any(session_of(int(e)) == p.pid for e in os.listdir("/proc") if e.isdigit()):
         assert time.monotonic() < deadline, "the killed run's processes are still there"
         time.sleep(0.1)
     left = [f for f in files if os.path.exists(f)]
@@ -98,13 +73,13 @@ def test_semaphores_removed_under_a_running_run_make_one_line_at_its_exit(train_
     )
     try:
         wait_until_training(train_dir / "removed")
-        files = _semaphores_of_session(p.pid)
+        files = semaphores_of_session(p.pid)
         for f in files:
             os.unlink(f)
         out, err = p.communicate(timeout=120)
     finally:
         if p.poll() is None:
-            _kill_session(p.pid)
+            kill_session(p.pid)
             p.wait(30)
     assert len(files) >= 10 and p.returncode == 0, err[-3000:]
     assert read_summary(train_dir, "removed")["status"] == "done"

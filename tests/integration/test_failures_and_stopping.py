@@ -493,7 +493,7 @@ def test_second_ctrl_c_exits_at_once(train_dir):
         p.send_signal(signal.SIGINT)
         time.sleep(0.2)  # two signals in the same instant are delivered as one
         p.send_signal(signal.SIGINT)
-        p.wait(timeout=5)  # the clean stop would take 8 s or more: the envs' close (the orphaned workers still
+        p.wait(timeout=5)  # the clean stop would take 5 s or more: the stop's grace (the orphaned workers still
         # close them, holding the pipes of stdout and stderr meanwhile: so no communicate() here)
     finally:
         if p.poll() is None:

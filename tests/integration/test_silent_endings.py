@@ -84,7 +84,7 @@ def test_a_second_ctrl_c_leaves_a_summary_that_says_interrupted(train_dir):
         p.send_signal(signal.SIGINT)
         time.sleep(0.2)  # two signals in the same instant are delivered as one
         p.send_signal(signal.SIGINT)
-        p.wait(timeout=5)  # the clean stop would take 8 s or more (the envs' close)
+        p.wait(timeout=5)  # the clean stop would take 5 s or more (the stop's grace: the envs' close takes 8 s)
     finally:
         if p.poll() is None:
             p.kill()

@@ -44,7 +44,7 @@ from msf.persistence.summaries import setup_logging
 from msf.runner.device_group import run_device_group
 from msf.runner.experiment import experiment_dir
 from msf.runner.training_loop import AgreementTimedOut, ComponentFailed, PeerFailed
-from msf.runtime.reaping import become_subreaper, children_now, end_orphans, stop_budget_s
+from msf.runtime.reaping import STOP_GRACE_S, become_subreaper, children_now, end_orphans
 from msf.runtime.registrations import restore, snapshot
 from msf.runtime.semaphore_records import record_semaphores, remove_dead_runs_semaphores
 from msf.runtime.signals import Signals, ignore, set_handlers
@@ -202,7 +202,7 @@ def _launch_node(cfg: Config, spaces: EnvSpaces, plan: NodePlan, attempt: int) -
         try:
             # a rank that was killed could not stop its workers: they stop by themselves (their parent is gone),
             # and whatever does not in time is killed with what it started
-            remove_engine_files(end_orphans(stop_budget_s(cfg.num_envs_per_worker), keep=had).values())
+            remove_engine_files(end_orphans(STOP_GRACE_S, keep=had).values())
             remove_dead_runs_semaphores()  # and the semaphores of a rank that was killed
             become_subreaper(False)
         finally:

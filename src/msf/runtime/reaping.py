@@ -13,7 +13,7 @@ import signal
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import wait
-from typing import AbstractSet
+from typing import AbstractSet, Callable
 
 import torch.multiprocessing as mp
 
@@ -66,11 +66,12 @@ def killed_children(procs: list[mp.Process]) -> list[mp.Process]:
     return [p for p in procs if not p.is_alive() and p.exitcode is not None and p.exitcode < 0]
 
 
-def stop_budget_s(envs_per_child: int) -> float:
-    """How long :func:`stop_children` waits for children that close ``envs_per_child`` envs each before it
-    kills them: 10 s, plus 3 s per env (a ViZDoom engine's exit is a round trip with a process that runs at
-    niceness 10 on an oversubscribed machine; the envs of one worker are closed one after the other)."""
-    return 10.0 + 3.0 * max(0, envs_per_child)
+STOP_GRACE_S = 5.0
+"""How long a stop waits for the children to exit by themselves, from the moment they are asked to close (once the
+final checkpoint is written, or there is nothing to save) until :func:`stop_children` or :func:`end_orphans` kills
+what is left with what it started. The children were told to stop before that checkpoint and poll the stop event
+every 0.5 s; an env whose constructor or ``close`` takes longer than this (a ViZDoom engine at niceness 10 on a
+busy machine) is ended by SIGKILL, which loses nothing of the run: its state is saved before."""
 
 
 @dataclass(frozen=True)
@@ -172,36 +173,28 @@ def _reap(pid: int) -> None:
         pass
 
 
-def stop_children(procs: list[mp.Process], timeout_s: float = 5.0, slow_note_s: float = 5.0) -> dict[int, list[str]]:
+def stop_children(
+    procs: list[mp.Process], timeout_s: float = STOP_GRACE_S, describe: Callable[[mp.Process], str] | None = None
+) -> dict[int, list[str]]:
     """Wait up to ``timeout_s`` for the children to exit by themselves (they have been told to stop), then end
     what is left: each child's whole process group (:func:`~msf.runtime.spawning.spawn`), so that the processes a
-    child started (env engines) go with it, also those of a child that died earlier. After ``slow_note_s`` the
-    log says who is still stopping; a child that had to be killed is named.
+    child started (env engines) go with it, also those of a child that died earlier. The children that had to be
+    killed are named in one log line, each by ``describe(p)`` (default: its name and pid).
 
     Returns:
         pid -> command line of every process that had to be killed besides the children (engines: what they
         leave in /dev/shm can be found from it).
     """
-    t0 = time.monotonic()
-    deadline = t0 + timeout_s
-    noted = False
-    while True:
-        alive = [p for p in procs if p.is_alive()]
-        now = time.monotonic()
-        if not alive or now >= deadline:
+    deadline = time.monotonic() + timeout_s
+    while alive := [p for p in procs if p.is_alive()]:
+        if (left := deadline - time.monotonic()) <= 0:
             break
-        if not noted and now - t0 >= slow_note_s:
-            noted = True
-            log.info(
-                "waiting up to %.0f s more for %s to stop (closing their environments)",
-                deadline - now,
-                ", ".join(p.name for p in alive),
-            )
-        wait([p.sentinel for p in alive], timeout=min(0.5, deadline - now))
+        wait([p.sentinel for p in alive], timeout=min(0.5, left))
     if alive:
+        named = describe or (lambda p: f"{p.name} (pid {p.pid})")
         log.warning(
             "%s did not stop within %.0f s: killed, with the processes they started",
-            ", ".join(f"{p.name} (pid {p.pid})" for p in alive),
+            ", ".join(map(named, alive)),
             timeout_s,
         )
     own = {p.pid for p in procs if p.pid is not None and _leads_group(p.pid)}

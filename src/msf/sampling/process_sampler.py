@@ -7,6 +7,7 @@ import logging
 import queue
 import time
 from collections.abc import Mapping
+from multiprocessing.process import BaseProcess
 
 from msf.cfg.config import Config, Derived
 from msf.envs.families import remove_engine_files
@@ -40,7 +41,6 @@ class ProcessSampler:
 
     def __init__(self, cfg: Config, derived: Derived, spaces: EnvSpaces, group: DeviceGroup):
         self.stop_event, self.failures = spawning.CTX.Event(), spawning.CTX.Queue()
-        self.envs_per_worker = cfg.num_envs_per_worker
         group = dataclasses.replace(group, cores=tuple(usable_cores()) if cfg.set_workers_cpu_affinity else None)
         plan = plan_workers(cfg, derived, spaces, group, self.stop_event, spawning.CTX)
         record_semaphores(self.stop_event, self.failures, plan)  # a run killed with them: the next one unlinks them
@@ -52,6 +52,10 @@ class ProcessSampler:
         ]
         named += [(rollout_worker_main, plan.rollout_name(w), s) for w, s in enumerate(plan.rollout)]
         self.procs = [spawning.spawn(main, name, self.failures, spec) for main, name, spec in named]
+        # what a stop that has to kill a rollout worker names besides it: its envs, by their job-wide indices
+        n = cfg.num_envs_per_worker
+        firsts = [(group.first_worker + w) * n for w in range(len(plan.rollout))]
+        self.envs_of = {plan.rollout_name(w): f"envs {e}-{e + n - 1} of {cfg.env}" for w, e in enumerate(firsts)}
 
     def advance(self) -> None:
         """Raise if a child reported a failure or died. A failure brings others down with it (a rollout worker's
@@ -90,10 +94,11 @@ class ProcessSampler:
         self.stop_event.set()
 
     def close(self) -> None:
-        """Stop; give each worker time to close its envs, then kill it with what it started (its process group),
-        and remove the files its engines' controllers would have removed from /dev/shm."""
+        """Stop; give each worker :data:`~msf.runtime.reaping.STOP_GRACE_S` to close its envs, then kill it with
+        what it started (its process group), naming it and its envs in one log line, and remove the files its
+        engines' controllers would have removed from /dev/shm."""
         self.stop_event.set()
-        killed = reaping.stop_children(self.procs, reaping.stop_budget_s(self.envs_per_worker))
+        killed = reaping.stop_children(self.procs, describe=self._describe)
         remove_engine_files(killed.values())
 
     def sources(self, taken: Mapping[int, int], dropped: Mapping[int, int], rollout: int) -> None:
@@ -101,6 +106,11 @@ class ProcessSampler:
 
     def status_note(self, taken: Mapping[int, int], dropped: Mapping[int, int], rollout: int) -> str:
         return ""
+
+    def _describe(self, p: BaseProcess) -> str:
+        """``rollout_worker_1 (pid N; envs 4-7 of CartPole-v1)``; an inference worker by its name and pid."""
+        envs = self.envs_of.get(p.name)
+        return f"{p.name} (pid {p.pid}{'; ' + envs if envs else ''})"
 
 
 def _log_pins(cfg: Config, plan: WorkerPlan, cores: tuple[int, ...] | None) -> None:
