@@ -201,15 +201,14 @@ class SamplerEndpoint:
                 source = self._slot_source.pop(slot)
                 source.taken += 1
                 taken.add(source.index)
-        for source in self.connected():
-            if source.index in taken:
-                self._send(source, "credit", {"done": self._done(source)})
+        for source in (s for s in self.connected() if s.index in taken):
+            self._reply(source.ident, "credit", {"done": self._done(source)})
         self._send_weights(now)
         if now - self._last_ping >= PING_EVERY_S:
             self._last_ping = now
             self._note_silent(now)
             for s in self.connected():  # with its books: a lost credit message does not stall it
-                self._send(s, "ping", {"seq": 0, "done": self._done(s)})
+                self._reply(s.ident, "ping", {"seq": 0, "done": self._done(s)})
         self._watch_handshakes()
         if self._parked is not None:
             if len(self.free) < len(self._parked[1]):
@@ -243,15 +242,8 @@ class SamplerEndpoint:
                 except zmq.Again:
                     pass  # its queue is full: it gets the next one
 
-    def _send(self, source: Source, kind: str, header: dict) -> None:
-        try:
-            self._sock.send_multipart([source.ident, *wire.sign(self.key, kind, header)], zmq.NOBLOCK)
-        except zmq.Again:
-            pass  # its queue is full: the next ping carries the same books
-
     def _done(self, source: Source) -> int:
-        """``source``'s trajectories accounted for: all it sent up to its newest message but those parked and those
-        in the buffer not yet taken by the learner."""
+        """``source``'s trajectories sent up to its newest message, but those parked or in the buffer, not taken."""
         parked = len(self._parked[1]) if self._parked is not None and self._parked[0] is source else 0
         return max(source.sent, source.received + source.rejected) - parked - (source.received - source.taken)
 
@@ -332,7 +324,10 @@ class SamplerEndpoint:
             self.note_waiting()
 
     def _reply(self, ident: bytes, kind: str, header: dict) -> None:
-        self._sock.send_multipart([ident, *wire.sign(self.key, kind, header)], zmq.NOBLOCK)
+        try:
+            self._sock.send_multipart([ident, *wire.sign(self.key, kind, header)], zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # its queue is full (a credit: the next ping carries the same books)
 
     def _handshake(self, ident: bytes, name: str, kind: str, header: dict) -> None:
         version = header.get("msf_version")
@@ -375,7 +370,7 @@ class SamplerEndpoint:
             n = header.get("policies")
             source.rejected += len(n) if isinstance(n, list) else 0
             self._once(source.name, "malformed", f"sampler node {source.name}: trajectories dropped: {e}")
-            self._send(source, "credit", {"done": self._done(source)})
+            self._reply(source.ident, "credit", {"done": self._done(source)})
             return
         pv = arrays["policy_versions"].min(axis=1)
         source.lag_sum += float(sum(versions[p] - v for p, v in zip(policies, pv)))
@@ -398,14 +393,9 @@ class SamplerEndpoint:
         self.full_queue.put(FullTrajectories(self.first_worker + source.index, slots))
 
     def _episodes(self, source: Source, header: dict) -> None:
-        returns, lengths, policies = header.get("returns"), header.get("lengths"), header.get("policies")
-        ok = isinstance(returns, list) and isinstance(lengths, list) and isinstance(policies, list)
-        ok = ok and len(returns) == len(lengths) == len(policies)  # type: ignore[arg-type]
-        ok = ok and all(isinstance(r, (int, float)) and math.isfinite(r) for r in returns)  # type: ignore[union-attr]
-        ok = ok and all(isinstance(n, int) and n > 0 for n in lengths)  # type: ignore[union-attr]
-        ok = ok and all(isinstance(p, int) and 0 <= p < len(self.weights) for p in policies)  # type: ignore[union-attr]
-        if not ok:
+        episodes = wire.check_episodes(header, len(self.weights))
+        if episodes is None:
             self._once(source.name, "stats", f"sampler node {source.name}: malformed episode statistics dropped")
             return
-        source.episodes += len(returns)  # type: ignore[arg-type]
-        self.stats_queue.put(EpisodeStats(self.first_worker + source.index, returns, lengths, policies))  # type: ignore[arg-type]
+        source.episodes += len(episodes[0])
+        self.stats_queue.put(EpisodeStats(self.first_worker + source.index, *episodes))

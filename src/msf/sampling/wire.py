@@ -198,3 +198,16 @@ def unpack_trajectories(
     if (pv < 0).any() or (pv > limit).any():
         raise Malformed("policy_versions: negative, or later than the learner's version (a version not yet made)")
     return policies, out
+
+
+def check_episodes(header: Mapping[str, Any], num_policies: int) -> tuple[list, list, list] | None:
+    """``(returns, lengths, policies)`` of a ``stats`` message: equally long lists of finite numbers, positive
+    integers and policy ids in ``[0, num_policies)``; None when the header is anything else."""
+    returns, lengths, policies = header.get("returns"), header.get("lengths"), header.get("policies")
+    if not (isinstance(returns, list) and isinstance(lengths, list) and isinstance(policies, list)):
+        return None
+    ok = len(returns) == len(lengths) == len(policies)
+    ok = ok and all(isinstance(r, (int, float)) and math.isfinite(r) for r in returns)
+    ok = ok and all(isinstance(n, int) and n > 0 for n in lengths)
+    ok = ok and all(isinstance(p, int) and 0 <= p < num_policies for p in policies)
+    return (returns, lengths, policies) if ok else None
