@@ -91,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     from msf.persistence.summaries import setup_logging
     from msf.runner.sampler_node import JobLink, JobLost, NodeSettings, Refused, SamplerNode
     from msf.runtime.reaping import ChildDied
+    from msf.runtime.semaphore_records import remove_dead_runs_semaphores
     from msf.runtime.signals import Signals
     from msf.sampling.protocol import ComponentFailed
     from msf.sampling.wire import read_key
@@ -112,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         return error(f"--sampler_key_file: {e}", EXIT_REFUSED)
     setup_logging(None)
+    remove_dead_runs_semaphores()  # those of a run or node of this machine that was killed (kill -9)
     stop = threading.Event()
     signals = Signals(lambda signum: stop.set()).install()
     link = JobLink(args.connect, endpoint, key, args.connect_timeout)

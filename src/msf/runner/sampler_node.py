@@ -145,6 +145,7 @@ class SamplerNode:
     def __init__(self, link: JobLink, settings: NodeSettings, stop: threading.Event):
         self.link, self.settings, self.stop = link, settings, stop
         self.sent_trajectories = 0
+        self.window, self.done = 1, 0  # flow control: at most `window` trajectories sent and not yet done
         self.sampler: ProcessSampler | None = None
 
     # --- joining ------------------------------------------------------------------------------
@@ -185,8 +186,14 @@ class SamplerNode:
         workers = f"{cfg.num_workers} workers x {cfg.num_envs_per_worker} envs"
         join = {"msf_version": msf.__version__, "env": cfg.env, "shape_hash": shape, "workers": workers}
         self._join_header = join
-        self._await(("accept",), ("join", join))
+        self._accepted(self._await(("accept",), ("join", join))[1])
         return cfg, spaces, model
+
+    def _accepted(self, header: dict) -> None:
+        """The job's ``window`` (flow control, :mod:`msf.sampling.wire`); nothing sent before counts against it."""
+        window = header.get("window")
+        self.window = window if isinstance(window, int) and window > 0 else 1
+        self.done = self.sent_trajectories
 
     # --- sampling -----------------------------------------------------------------------------
     def run(self) -> str:
@@ -251,12 +258,16 @@ class SamplerNode:
             if msg is None:
                 break
             kind, header, payload = msg
+            if isinstance(header.get("done"), int):
+                self.done = max(self.done, header["done"])
             if kind == "end":
                 return str(header.get("reason"))
             if kind == "weights":
                 self._load_weights(header, payload)
             elif kind == "refuse":
                 raise Refused(f"the job at {self.link.address} refused this sampler: {header.get('reason')}")
+            elif kind == "accept":  # a rejoin's
+                self._accepted(header)
             elif kind == "config":  # a rejoin's: the job must still be the one this node samples for
                 self.link.send("join", self._join_header, wait_s=1.0)
         silent = self.link.silent_for()
@@ -297,6 +308,7 @@ class SamplerNode:
         for i in range(0, len(policies), step):
             part = {k: v[i : i + step] for k, v in batch.items()}
             n = len(policies[i : i + step])
+            self._await_credit(n)
             header = {"policies": policies[i : i + step], "sent": self.sent_trajectories + n}
             self._send_waiting("traj", header, wire.pack_trajectories(part, self.fields))
             self.sent_trajectories += n
@@ -305,6 +317,14 @@ class SamplerNode:
         """Send, waiting while the job's queue is full (its back-pressure), reading its messages meanwhile."""
         while not self.link.send(kind, header, payload, wait_s=0.1):
             end = self._receive(0.0)
+            if end is not None or self.stop.is_set():
+                raise _Ended(end or "stopped")
+
+    def _await_credit(self, n: int) -> None:
+        """Wait until ``n`` more trajectories fit in the job's window (or none is in flight), reading its
+        messages meanwhile."""
+        while self.sent_trajectories > self.done and self.sent_trajectories + n - self.done > self.window:
+            end = self._receive(0.05)
             if end is not None or self.stop.is_set():
                 raise _Ended(end or "stopped")
 

@@ -79,7 +79,9 @@ class RemoteSampler:
         per source its books in agent steps: ``sent = rejected + lost + received`` and ``received = kept +
         dropped + pending`` (``taken``, ``dropped``: the batcher's trajectories by virtual worker; ``kept`` were
         taken for training, the last of them discarded at the run's end as the total's ``env_steps_discarded``
-        counts; ``pending``: still in the buffer at the end)."""
+        counts; ``pending``: still in the buffer at the end); ``joined_at_s`` and ``first_trajectory_at_s``: when
+        it first joined and when its first trajectory entered the buffer, in seconds since the endpoint began
+        listening."""
         e = self.endpoint
         per = {}
         for s in list(e.sources.values()):
@@ -98,6 +100,8 @@ class RemoteSampler:
                 "episodes": s.episodes,
                 "policy_lag_mean": s.lag_sum / s.received if s.received else None,
                 "bytes_received": s.bytes,
+                "joined_at_s": round(s.joined_s, 3),
+                "first_trajectory_at_s": None if s.first_trajectory_s is None else round(s.first_trajectory_s, 3),
             }
         return {
             "address": e.address,

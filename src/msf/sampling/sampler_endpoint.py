@@ -9,7 +9,9 @@ returns their slots on :attr:`SamplerEndpoint.returned`. The loop sees them as i
 batcher, same lag rule, same books.
 
 Back-pressure: with no free remote slot, the thread holds the one message it checked (``parked``) and reads no
-more until slots come back; the samplers' sends then wait in ZeroMQ's queues, and their rollout workers for slots.
+more until slots come back. Each sampler keeps at most ``window`` trajectories in flight or in the buffer
+(:mod:`~msf.sampling.wire`'s flow control): the thread tells it whenever the learner took some of its trajectories
+(``credit``) and every second (``ping``) how many it has accounted for; its rollout workers wait for slots meanwhile.
 Weights: after each change of a policy's published version (at most every :data:`WEIGHTS_EVERY_S`), a copy goes to
 every sampler that joined. Only this thread touches the sockets (ZeroMQ sockets are not thread-safe); the training
 loop's thread reads the counters.
@@ -81,9 +83,11 @@ class Source:
 
     index: int
     name: str
+    ident: bytes = b""  # its ZeroMQ routing id
     seq: int = 0  # the last message sequence number taken from it
     sent: int = 0  # trajectories it says it has sent (the newest trajectory message's count)
     received: int = 0  # written into the buffer and announced
+    taken: int = 0  # of those, copied out of the buffer by the learner (their slots came back)
     rejected: int = 0  # in messages that failed their checks
     episodes: int = 0
     bytes: int = 0
@@ -91,6 +95,8 @@ class Source:
     last_heard: float = field(default_factory=time.monotonic)
     left: bool = False  # said bye, or went silent
     workers: str = ""
+    joined_s: float = 0.0  # when it first joined, in seconds since the endpoint began listening
+    first_trajectory_s: float | None = None  # when its first trajectory entered the buffer (same clock)
 
 
 class SamplerEndpoint:
@@ -122,6 +128,7 @@ class SamplerEndpoint:
         first_worker: int,
     ):
         self.cfg, self.spaces, self.weights, self.key, self.hash = cfg, spaces, weights, key, shape_hash
+        self.window = derived.trajectories_per_iteration  # a sampler's trajectories in flight, at most (wire)
         self.full_queue, self.stats_queue, self.first_worker = full_queue, stats_queue, first_worker
         self.views = buffer.numpy_views()
         self.fields = wire.trajectory_fields(TrajectoryBuffer.layout(cfg, derived, spaces))
@@ -132,6 +139,7 @@ class SamplerEndpoint:
         self.refused: dict[str, str] = {}  # peers that never joined: why (the first reason)
         self.rejected_connections = 0  # connections that were not ZeroMQ peers (random bytes, a port scan)
         self.address = f"{bind_address(cfg)}:{cfg.sampler_port}"
+        self.started = time.monotonic()  # the clock of Source.joined_s and first_trajectory_s
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
         per_traj = sum(math.prod(s) * d.itemsize for s, d in self.fields.values())
@@ -146,6 +154,7 @@ class SamplerEndpoint:
             raise
         self._monitor = self._sock.get_monitor_socket(_REFUSED_HANDSHAKES)
         self._parked: tuple[Source, list[int], dict[str, np.ndarray]] | None = None
+        self._slot_source: dict[int, Source] = {}  # the source of each slot in the buffer
         self._sent_version = [-1] * len(weights)
         self._last_weights = self._last_ping = 0.0
         self._logged: set[tuple[str, str]] = set()
@@ -181,23 +190,32 @@ class SamplerEndpoint:
 
     def _serve_once(self) -> None:
         now = time.monotonic()
+        taken = set()
         while True:
             try:
-                self.free.extend(self.returned.get_nowait().slots)
+                slots = self.returned.get_nowait().slots
             except queue.Empty:
                 break
+            self.free.extend(slots)
+            for slot in slots:
+                source = self._slot_source.pop(slot)
+                source.taken += 1
+                taken.add(source.index)
+        for source in (s for s in self.connected() if s.index in taken):
+            self._reply(source.ident, "credit", {"done": self._done(source)})
         self._send_weights(now)
         if now - self._last_ping >= PING_EVERY_S:
             self._last_ping = now
             self._note_silent(now)
-            self._broadcast(wire.sign(self.key, "ping", {"seq": 0}))
+            for s in self.connected():  # with its books: a lost credit message does not stall it
+                self._reply(s.ident, "ping", {"seq": 0, "done": self._done(s)})
         self._watch_handshakes()
         if self._parked is not None:
             if len(self.free) < len(self._parked[1]):
                 time.sleep(0.005)
                 return
-            self._enter(*self._parked)
-            self._parked = None
+            parked, self._parked = self._parked, None
+            self._enter(*parked)
         if not self._sock.poll(20):
             return
         for _ in range(64):  # then the weights and the pings again
@@ -223,6 +241,11 @@ class SamplerEndpoint:
                     self._sock.send_multipart([ident, *frames], zmq.NOBLOCK)
                 except zmq.Again:
                     pass  # its queue is full: it gets the next one
+
+    def _done(self, source: Source) -> int:
+        """``source``'s trajectories sent up to its newest message, but those parked or in the buffer, not taken."""
+        parked = len(self._parked[1]) if self._parked is not None and self._parked[0] is source else 0
+        return max(source.sent, source.received + source.rejected) - parked - (source.received - source.taken)
 
     def _send_weights(self, now: float, to: Sequence[Source] | None = None) -> None:
         if to is None and now - self._last_weights < WEIGHTS_EVERY_S:
@@ -301,7 +324,10 @@ class SamplerEndpoint:
             self.note_waiting()
 
     def _reply(self, ident: bytes, kind: str, header: dict) -> None:
-        self._sock.send_multipart([ident, *wire.sign(self.key, kind, header)], zmq.NOBLOCK)
+        try:
+            self._sock.send_multipart([ident, *wire.sign(self.key, kind, header)], zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # its queue is full (a credit: the next ping carries the same books)
 
     def _handshake(self, ident: bytes, name: str, kind: str, header: dict) -> None:
         version = header.get("msf_version")
@@ -321,13 +347,14 @@ class SamplerEndpoint:
             self._reply(ident, "config", {"msf_version": msf.__version__, "config": self.cfg.to_dict()})
             return
         old = self.sources.get(ident)
-        source = Source(len(self.sources) if old is None else old.index, name, workers=str(header.get("workers", "")))
+        workers = str(header.get("workers", ""))
+        source = Source(len(self.sources), name, ident, workers=workers, joined_s=time.monotonic() - self.started)
         if old is not None:  # it joins again (after a silence): its books go on
             source = old
             source.left, source.last_heard = False, time.monotonic()
         self.sources[ident] = source
         log.info("sampler node %s joined (source %d, %s)", name, source.index, source.workers)
-        self._reply(ident, "accept", {"version": self.weights[0].version})
+        self._reply(ident, "accept", {"version": self.weights[0].version, "window": self.window})
         self._send_weights(time.monotonic(), to=[source])
 
     def _trajectories(self, source: Source, header: dict, payload: list[bytes]) -> None:
@@ -343,6 +370,7 @@ class SamplerEndpoint:
             n = header.get("policies")
             source.rejected += len(n) if isinstance(n, list) else 0
             self._once(source.name, "malformed", f"sampler node {source.name}: trajectories dropped: {e}")
+            self._reply(source.ident, "credit", {"done": self._done(source)})
             return
         pv = arrays["policy_versions"].min(axis=1)
         source.lag_sum += float(sum(versions[p] - v for p, v in zip(policies, pv)))
@@ -359,17 +387,15 @@ class SamplerEndpoint:
             self.views[name][slots] = a
         self.views["slot_policy"][slots] = policies
         source.received += len(slots)
+        if source.first_trajectory_s is None:
+            source.first_trajectory_s = time.monotonic() - self.started
+        self._slot_source.update(dict.fromkeys(slots, source))
         self.full_queue.put(FullTrajectories(self.first_worker + source.index, slots))
 
     def _episodes(self, source: Source, header: dict) -> None:
-        returns, lengths, policies = header.get("returns"), header.get("lengths"), header.get("policies")
-        ok = isinstance(returns, list) and isinstance(lengths, list) and isinstance(policies, list)
-        ok = ok and len(returns) == len(lengths) == len(policies)  # type: ignore[arg-type]
-        ok = ok and all(isinstance(r, (int, float)) and math.isfinite(r) for r in returns)  # type: ignore[union-attr]
-        ok = ok and all(isinstance(n, int) and n > 0 for n in lengths)  # type: ignore[union-attr]
-        ok = ok and all(isinstance(p, int) and 0 <= p < len(self.weights) for p in policies)  # type: ignore[union-attr]
-        if not ok:
+        episodes = wire.check_episodes(header, len(self.weights))
+        if episodes is None:
             self._once(source.name, "stats", f"sampler node {source.name}: malformed episode statistics dropped")
             return
-        source.episodes += len(returns)  # type: ignore[arg-type]
-        self.stats_queue.put(EpisodeStats(self.first_worker + source.index, returns, lengths, policies))  # type: ignore[arg-type]
+        source.episodes += len(episodes[0])
+        self.stats_queue.put(EpisodeStats(self.first_worker + source.index, *episodes))

@@ -11,11 +11,13 @@ kind        direction        header (payload)
 hello       sampler -> job   ``msf_version``, ``seq`` (the sampler asks for the job's config)
 config      job -> sampler   ``msf_version``, ``config`` (the job's flags), ``spaces``
 join        sampler -> job   ``msf_version``, ``env``, ``shape_hash`` (:func:`shape_hash` of what it runs)
-accept      job -> sampler   ``version`` (policy 0's version now)
+accept      job -> sampler   ``version`` (policy 0's version now), ``window`` (see ``done`` below)
 refuse      job -> sampler   ``reason`` (one line; the sampler exits 2)
 traj        sampler -> job   ``seq``, ``policies`` ``[n]`` (the fields of :func:`trajectory_fields`, n rows each)
 stats       sampler -> job   ``seq``, ``returns``, ``lengths``, ``policies`` (finished episodes)
-ping        both ways        ``seq`` (a sign of life when there is nothing else to send)
+ping        both ways        ``seq`` (a sign of life when there is nothing else to send); the job's: ``done``
+credit      job -> sampler   ``done``: this sampler's trajectories the job has accounted for (taken from its
+                             buffer by the learner, rejected, or lost before a later one arrived)
 weights     job -> sampler   ``policy``, ``version`` (the policy's ``state_dict`` tensors, in order)
 bye         sampler -> job   ``seq`` (the sampler stops)
 end         job -> sampler   ``reason`` (``done``, ``stopped`` or ``failed``; the sampler exits 0)
@@ -23,6 +25,11 @@ end         job -> sampler   ``reason`` (``done``, ``stopped`` or ``failed``; th
 
 ``seq`` counts a sampler's messages (1, 2, ...): the job drops one whose ``seq`` is not above the last it took
 from that sampler (a replayed message).
+
+Flow control: a sampler keeps at most ``window`` trajectories sent and not yet ``done`` (the job's
+``trajectories_per_iteration``), so that what it sends waits in the queues of ZeroMQ, the kernel and the job's
+buffer for about an iteration at most: the policy lag of its trajectories stays near a local worker's, where unbounded
+queues aged them by tens of versions whenever the learner was the slower side.
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ import torch
 MAC_BYTES = 32  # SHA-256
 KEY_BYTES = 32
 MAX_TRAJECTORIES_PER_MESSAGE = 64  # a sampler splits a larger announcement; the job refuses a larger message
-KINDS = ("hello", "config", "join", "accept", "refuse", "traj", "stats", "ping", "weights", "bye", "end")
+KINDS = ("hello", "config", "join", "accept", "refuse", "traj", "stats", "ping", "credit", "weights", "bye", "end")
 
 
 class Malformed(ValueError):
@@ -191,3 +198,16 @@ def unpack_trajectories(
     if (pv < 0).any() or (pv > limit).any():
         raise Malformed("policy_versions: negative, or later than the learner's version (a version not yet made)")
     return policies, out
+
+
+def check_episodes(header: Mapping[str, Any], num_policies: int) -> tuple[list, list, list] | None:
+    """``(returns, lengths, policies)`` of a ``stats`` message: equally long lists of finite numbers, positive
+    integers and policy ids in ``[0, num_policies)``; None when the header is anything else."""
+    returns, lengths, policies = header.get("returns"), header.get("lengths"), header.get("policies")
+    if not (isinstance(returns, list) and isinstance(lengths, list) and isinstance(policies, list)):
+        return None
+    ok = len(returns) == len(lengths) == len(policies)
+    ok = ok and all(isinstance(r, (int, float)) and math.isfinite(r) for r in returns)
+    ok = ok and all(isinstance(n, int) and n > 0 for n in lengths)
+    ok = ok and all(isinstance(p, int) and 0 <= p < num_policies for p in policies)
+    return (returns, lengths, policies) if ok else None
