@@ -299,10 +299,10 @@ def prepare(cfg: Config, given: set[str]) -> tuple[Config, EnvSpaces, NodePlan, 
     cached = load_env_info(exp, cfg.env, env_info_key(cfg)) if cfg.use_env_info_cache else None
     spaces = cached or env_spaces(cfg.env, env_config_of(cfg))
     cfg, notes = _check_sync_or_go_async(cfg, given, spaces.num_agents)
-    if cfg.env_backend == "envpool":
-        from msf.envs.vector import check_envpool
+    if cfg.env_backend != "gymnasium":
+        from msf.envs.vector import check_backend
 
-        check_envpool(cfg, spaces)
+        check_backend(cfg, spaces)
     check_shared_memory(cfg, spaces, check_model(cfg, spaces))
     raised = check_file_descriptors(cfg)
     return cfg, spaces, plan, changes, notes + ([raised] if raised else [])

@@ -309,7 +309,7 @@ def _check_writable(train_dir: str) -> None:
 
 
 # gymnasium's classic-control ids that EnvPool ports under the same id, with the same spaces and episode limits
-# (CartPole-v1 500 steps, Acrobot-v1 500, MountainCar-v0 and Pendulum-v1 200); msf.envs.vector.check_envpool
+# (CartPole-v1 500 steps, Acrobot-v1 500, MountainCar-v0 and Pendulum-v1 200); msf.envs.vector.check_backend
 # compares the spaces before any process is spawned. Here (not in msf.envs) because flags are checked here.
 ENVPOOL_CLASSIC = (
     "CartPole-v0",

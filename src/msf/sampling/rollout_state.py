@@ -51,11 +51,15 @@ class RunningEpisodes:
         self.done: list[tuple[float, int, int]] = []  # (return, length, policy)
         self.taken_at = now
 
-    def add(self, lo: int, rew: np.ndarray, ended: np.ndarray, row_policy: np.ndarray) -> None:
-        """Rows ``lo .. lo + len(rew) - 1`` stepped: ``rew`` their rewards, ``ended`` (bool) whose episode ended."""
+    def add(
+        self, lo: int, rew: np.ndarray, ended: np.ndarray, row_policy: np.ndarray, stepped: np.ndarray | bool = True
+    ) -> None:
+        """Rows ``lo .. lo + len(rew) - 1`` stepped: ``rew`` their rewards, ``ended`` (bool) whose episode ended;
+        ``stepped`` (bool, or one per row): which of them made a transition (a next-step autoreset does not: its
+        length stays; its reward is 0)."""
         hi = lo + len(rew)
         self.ret[lo:hi] += rew
-        self.len[lo:hi] += 1
+        self.len[lo:hi] += stepped
         for i in np.nonzero(ended)[0]:
             self.done.append((float(self.ret[lo + i]), int(self.len[lo + i]), int(row_policy[lo + i])))
         self.ret[lo:hi][ended] = 0.0
