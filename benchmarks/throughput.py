@@ -47,8 +47,9 @@ def _raw_env_proc(
     env_name: str, seconds: float, out: "mp.Queue", flags: list[str] | None = None, core: int | None = None
 ) -> None:
     """Step one env (gymnasium backend, msf's wrappers) or, with ``--env_backend=vector`` or ``envpool`` in
-    ``flags``, one bare vector env (EnvPool) of ``--num_envs_per_worker`` envs, with random actions; put steps/s on ``out``. ``core``:
-    pin this process to that CPU core first, as ``--set_workers_cpu_affinity`` pins a rollout worker."""
+    ``flags``, one bare vector env (EnvPool) of ``--num_envs_per_worker`` envs, with random actions; put steps/s on
+    ``out``. ``core``: pin this process to that CPU core first, as ``--set_workers_cpu_affinity`` pins a rollout
+    worker."""
     from msf.runtime.affinity import pin_this_process
 
     pin_this_process(None if core is None else [core])

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(
     reason="envpool (extra [envpool]) or mujoco is not installed here: no wheel for this machine?",
 )
 
-from msf.envs.vector import GymSplit, check_backend, envpool_task, make_envpool, make_split  # noqa: E402
+from msf.envs.vector import check_backend, envpool_task, make_envpool, make_split  # noqa: E402
 
 
 def test_task_names():

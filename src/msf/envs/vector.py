@@ -270,7 +270,9 @@ class VectorSplit:
       :attr:`autoreset_rows`: their observation is the next episode's first, and their step is no transition (its
       reward, terminated and truncated are 0): the rollout worker writes the observation over the placeholder at
       the row's cursor, which does not move, counts no step, reward or frame for it, and asks for its action again.
-      The price is one policy row (the placeholder's action, never used) and one env step per episode end.
+      The price is one policy row (the placeholder's action, never used) and one env step per episode end. Where
+      the end is a trajectory's last step, the placeholder stays its bootstrap row ``obs[slot, T]`` (the slot is
+      the learner's by then); after a done that row's value is multiplied by 0, and no statistics read it.
 
     Attributes:
         autoreset_rows: bool ``[n]``, the rows whose last :meth:`step` was such a reset step; None when there were
