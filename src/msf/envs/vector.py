@@ -224,13 +224,15 @@ def make_envpool(cfg: Any, num_envs: int, seed: int, evaluation: bool = False) -
     clipped to their sign; sticky actions and the full action set from the ``atari_*`` flags."""
     import envpool
 
+    from msf.envs.families import ATARI_NOOP_MAX
+
     task = envpool_task(cfg.env)
     kw: dict[str, Any] = {}
     if cfg.env.startswith("atari_"):
         kw = dict(
             stack_num=int(getattr(cfg, "env_framestack", None) or 4),
             frame_skip=4,
-            noop_max=30,
+            noop_max=ATARI_NOOP_MAX,
             img_height=cfg.atari_screen_size,
             img_width=cfg.atari_screen_size,
             gray_scale=True,
@@ -316,6 +318,7 @@ class VectorSplit:
         self.lazy = mode is AutoresetMode.NEXT_STEP and self.reset_now is None
         self.autoreset_rows: np.ndarray | None = None
         self.pending = np.zeros(len(env_indices), dtype=bool)  # lazy: rows whose next step is their reset step
+        self.age = np.zeros(len(env_indices), dtype=np.int64)  # pad_stack: steps since the row's episode started
         self.steps = 0
 
     def reset(self) -> np.ndarray:
@@ -347,16 +350,23 @@ class VectorSplit:
         return self._checked(obs, started), rew, term, trunc
 
     def _checked(self, obs: np.ndarray, started: np.ndarray) -> np.ndarray:
-        """``obs``, after checking its shape, with the frame stacks of the rows that ``started`` an episode padded
-        with their newest frame (``pad_stack``)."""
+        """``obs``, after checking its shape; with ``pad_stack``, the frames of a stack ``[S, H, W]`` older than its
+        episode (zeros) replaced by the episode's first frame, as gymnasium's ``FrameStackObservation`` pads (the
+        rows that ``started`` an episode now; the rows ``a < S - 1`` steps into one)."""
         if obs.shape != self.shape:
             raise OneLineFailure(
                 f"{self.name} returned observations of shape {obs.shape}, not {self.shape} as its "
                 f"single_observation_space says, on {self.where}, at step {self.steps}"
             )
-        if self.pad_stack and started.any():
+        if not self.pad_stack:
+            return obs
+        self.age = np.where(started, 0, self.age + 1)
+        young = self.age < obs.shape[1] - 1
+        if young.any():
             obs = obs.copy()
-            obs[started, :-1] = obs[started, -1:]
+            for a in np.unique(self.age[young]).tolist():
+                rows, first = self.age == a, obs.shape[1] - 1 - a  # the episode's first frame
+                obs[rows, :first] = obs[rows, first : first + 1]
         return obs
 
     def close(self) -> None:
@@ -408,10 +418,6 @@ class EnvPoolVector:
         self.pool.close()
 
 
-ATARI_NOOP_MAX = 30
-"""Atari: at most this many no-op steps start an episode (a random count), in every backend."""
-
-
 def make_atari_vector(cfg: Any, num_envs: int, evaluation: bool = False) -> Any:
     """ale-py's ``AtariVectorEnv`` of ``num_envs`` envs of ``atari_<game>`` (C++, one thread), with the preprocessing
     of :func:`msf.envs.families.make_atari` and same-step autoreset.
@@ -419,6 +425,8 @@ def make_atari_vector(cfg: Any, num_envs: int, evaluation: bool = False) -> Any:
     Raises:
         ConfigError: ale-py has no vector env (ale-py >= 0.10) or no such game.
     """
+    from msf.envs import families
+
     try:
         from ale_py import roms
         from ale_py.vector_env import AtariVectorEnv
@@ -441,7 +449,7 @@ def make_atari_vector(cfg: Any, num_envs: int, evaluation: bool = False) -> Any:
         img_width=size,
         grayscale=True,
         maxpool=True,
-        noop_max=ATARI_NOOP_MAX,
+        noop_max=families.ATARI_NOOP_MAX,
         episodic_life=not evaluation,
         reward_clipping=not evaluation,
         use_fire_reset=False,
