@@ -417,9 +417,21 @@ def sampler_fps(flags: list[str], seconds: float, warmup: float, breakdown: dict
                         breakdown.update(cost_breakdown(costs0, process_tree_costs(os.getpid(), names), steps))
                         breakdown["wall_s"] = (time.monotonic() - t_start, 0.0, 0.0)
                     break
+        rate = steps / (time.monotonic() - t_start)
     finally:
+        ch.stop()
+        # a worker exits only once its queues' feeder threads have written what they hold: read on until they do
+        deadline = time.monotonic() + 30
+        while any(p.is_alive() for p in ch.procs) and time.monotonic() < deadline:
+            for q in (ch.full_queue, ch.stats_queue):
+                try:
+                    while True:
+                        q.get_nowait()
+                except queue_mod.Empty:
+                    pass
+            time.sleep(0.05)
         ch.close()
-    return steps / (time.monotonic() - t_start)
+    return rate
 
 
 def msf_train_fps(flags: list[str], seconds: float, warmup: float) -> tuple[float, int]:

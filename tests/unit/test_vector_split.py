@@ -122,8 +122,9 @@ def test_every_row_the_learner_gets_is_a_real_transition_and_episodes_are_exact(
                 stats.append(sampler.stats_queue.get_nowait())
         except queue.Empty:
             pass
-    sampler.rollout[0].report_stats(float("inf"), period_s=0.0)
-    stats.append(sampler.stats_queue.get_nowait())
+    sampler.rollout[0].report_stats(float("inf"), period_s=0.0)  # the episodes not reported yet, if any
+    while not sampler.stats_queue.empty():
+        stats.append(sampler.stats_queue.get_nowait())
     envs = [split.env for split in sampler.rollout[0].splits]
     taken = [x for env in envs for x in env.taken]
     assert len(seen) == len(set(seen)) > 6 * 40  # each transition once; most rounds reached a trajectory

@@ -376,7 +376,7 @@ class VectorSplit:
 def _masks(venv: Any) -> bool:
     """Whether ``venv`` resets some of its envs with ``reset(options={"reset_mask": ...})`` and cancels their pending
     next-step autoreset: gymnasium's own ``SyncVectorEnv`` and ``AsyncVectorEnv``."""
-    return isinstance(venv.unwrapped, (gym.vector.SyncVectorEnv, gym.vector.AsyncVectorEnv))
+    return isinstance(getattr(venv, "unwrapped", venv), (gym.vector.SyncVectorEnv, gym.vector.AsyncVectorEnv))
 
 
 def _masked_reset(venv: Any, ended: np.ndarray, actions: np.ndarray, obs: np.ndarray) -> np.ndarray:

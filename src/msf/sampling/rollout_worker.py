@@ -258,16 +258,19 @@ class RolloutWorker:
         split's quota, and move each to ``(new slot, 0)``, where it starts with the bootstrap row
         ``obs[slot, T]`` and the core state ``rnn_states[slot, T]`` (zeros if the row's policy changed: another
         policy's core state means nothing to this one)."""
-        self.full_queue.put(FullTrajectories(self.index, slots[full].tolist()))
+        old = slots[full]
+        self.full_queue.put(FullTrajectories(self.index, old.tolist()))
         rows = split * self.eps + full
         switched = self.policies.at_boundary(rows)
-        for k, (i, row) in enumerate(zip(full.tolist(), rows.tolist())):
-            new = self._take_slot(row)
-            self.obs[new, 0] = self.obs[slots[i], self.T]
-            self.slot_policy[new] = self.policies.row[row]
-            if self.rnn_states is not None:
-                self.rnn_states[new, 0] = 0.0 if switched[k] else self.rnn_states[slots[i], self.T]
-            slots[i], ts[i] = new, 0
+        while len(self.slots.free) < len(full):
+            self._wait_for_slots()
+        new = self.slots.take_many(rows)
+        self.obs[new, 0] = self.obs[old, self.T]
+        self.slot_policy[new] = self.policies.row[rows]
+        if self.rnn_states is not None:
+            kept = self.rnn_states[old, self.T]
+            self.rnn_states[new, 0] = np.where(switched.reshape(-1, *[1] * (kept.ndim - 1)), 0.0, kept)
+        slots[full], ts[full] = new, 0
         self.quota.spend(split)
 
     def request(self, split: int) -> None:
