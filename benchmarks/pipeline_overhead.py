@@ -56,7 +56,8 @@ MANY = ["--num_envs_per_worker=256"]  # 128 per split: where the per-request cos
 def workloads() -> dict[str, tuple[list[str], int]]:
     """name -> (msf flags, frames per env step). The CartPole rows beyond Sample Factory's line: 256 envs per
     worker, and each split stepped as one EnvPool (``--env_backend=envpool``) or as gymnasium's CartPoleVectorEnv
-    (``--env_backend=vector``), at 20 and 256 envs per worker; the Atari workloads also with EnvPool."""
+    (``--env_backend=vector``), at 20 and 256 envs per worker (vector: also 2048); the Atari workloads also with
+    EnvPool."""
     out = {
         "CartPole-v1": (list(SF_CARTPOLE), 1),
         "CartPole-v1, 256 envs/worker": ([*SF_CARTPOLE, *MANY], 1),
@@ -64,6 +65,7 @@ def workloads() -> dict[str, tuple[list[str], int]]:
         "CartPole-v1, EnvPool, 256 envs/worker": ([*SF_CARTPOLE, *ENVPOOL, *MANY], 1),
         "CartPole-v1, vector": ([*SF_CARTPOLE, *VECTOR], 1),
         "CartPole-v1, vector, 256 envs/worker": ([*SF_CARTPOLE, *VECTOR, *MANY], 1),
+        "CartPole-v1, vector, 2048 envs/worker": ([*SF_CARTPOLE, *VECTOR, "--num_envs_per_worker=2048"], 1),
     }
     for name, flags in WORKLOADS.items():
         out[name] = ([*flags, "--device=cpu"], 4)

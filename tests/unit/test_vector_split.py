@@ -222,3 +222,11 @@ def test_a_sync_vector_env_in_next_step_mode_resets_at_once_with_a_mask():
             ends += 1
     assert ends > 30
     split.close()
+
+
+def test_batched_sampling_with_the_vector_backend_given_keeps_it():
+    from msf.cfg.validation import resolve_sample_factory_flags
+
+    cfg = Config(env="CartPole-v1", batched_sampling=True, env_backend="vector")
+    assert resolve_sample_factory_flags(cfg, {"batched_sampling", "env_backend"}).env_backend == "vector"
+    assert resolve_sample_factory_flags(cfg, {"batched_sampling"}).env_backend == "envpool"  # Sample Factory's

@@ -249,8 +249,8 @@ class SamplingFlags:
     batched_sampling: bool = flag(
         False,
         "Step each split of a rollout worker's envs as one vectorised env that returns whole arrays (Sample "
-        "Factory's flag): msf's --env_backend=envpool (one EnvPool per split, one C++ call per step); refused for "
-        "an env that backend does not serve",
+        "Factory's flag): msf's --env_backend=envpool (one EnvPool per split, one C++ call per step; refused for "
+        "an env that backend does not serve), or --env_backend=vector where that is given",
     )
     decorrelate_experience_max_seconds: int = flag(
         0,

@@ -332,7 +332,8 @@ def envpool_serves(env: str) -> bool:
 
 def resolve_sample_factory_flags(cfg: Config, given: set[str]) -> Config:
     """Sample Factory flags that msf expresses with its own: ``--batched_sampling=True`` is
-    ``--env_backend=envpool`` (a split of a worker's envs stepped as one vectorised env).
+    ``--env_backend=envpool`` (a split of a worker's envs stepped as one vectorised env), or ``vector`` where that
+    is given.
 
     Raises:
         ConfigError: ``--batched_sampling=True`` with ``--env_backend=gymnasium`` given (or ``False`` with
@@ -346,6 +347,8 @@ def resolve_sample_factory_flags(cfg: Config, given: set[str]) -> Config:
                 "EnvPool per split): leave one of them out"
             )
         return cfg
+    if "env_backend" in given and cfg.env_backend == "vector":
+        return cfg  # one gymnasium VectorEnv per split: batched too
     if not envpool_serves(cfg.env):
         raise ConfigError(
             f"--batched_sampling: msf's batched sampling steps each split as one EnvPool, which serves "
