@@ -402,9 +402,8 @@ def env_spaces(name: str, env_config: dict[str, Any] | None = None, note_after_s
         ConfigError: unknown env, a family whose extra is missing, or unsupported spaces.
     """
     key, fn = _resolve(name)
-    declared = _DECLARED.get(name.rpartition(":")[2])
     short = name.rpartition(":")[2]
-    vector = _VECTOR.get(short) if fn is None else None
+    declared, vector = _DECLARED.get(short), _VECTOR.get(short) if fn is None else None
     if declared is not None and (fn is not None or vector is not None or _is_gym_id(key)):
         return declared  # an unknown name is left to make_env, which names it
     if vector is not None:  # registered as a vector env only: one of one env
