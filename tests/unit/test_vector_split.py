@@ -230,3 +230,36 @@ def test_batched_sampling_with_the_vector_backend_given_keeps_it():
     cfg = Config(env="CartPole-v1", batched_sampling=True, env_backend="vector")
     assert resolve_sample_factory_flags(cfg, {"batched_sampling", "env_backend"}).env_backend == "vector"
     assert resolve_sample_factory_flags(cfg, {"batched_sampling"}).env_backend == "envpool"  # Sample Factory's
+
+
+class NanRewardVectorEnv(msf_test_envs.FiveStepVectorEnv):
+    """Env ``first + 1``'s reward is NaN at the 3rd step of its second episode."""
+
+    def step(self, actions):
+        obs, rew, term, trunc, info = super().step(actions)
+        if self.episode[1] == 1 and self.t[1] == 3:
+            rew[1] = np.nan
+        return obs, rew, term, trunc, info
+
+
+def make_nan_reward(name, num_envs, env_config):
+    return NanRewardVectorEnv(num_envs, env_config["env_index"], "NextStep")
+
+
+def test_a_non_finite_reward_of_a_vector_env_fails_in_one_line_naming_env_worker_and_step():
+    """The rollout worker's own check (the one every backend goes through), after a next-step reset step: the
+    episode step counts transitions only."""
+    from msf.envs.registry import register_vector_env
+
+    register_vector_env("MsfNanVector", make_nan_reward)
+    sampler, _ = _serial("MsfNanVector")
+    with pytest.raises(OneLineFailure) as e:
+        for _ in range(40):
+            sampler.advance()
+            while not sampler.full_queue.empty():
+                msg = sampler.full_queue.get_nowait()
+                sampler.free_queues[0].put(SlotsReturned(list(msg.slots)))
+    sampler.close()
+    assert (
+        str(e.value) == "MsfNanVector returned a non-finite reward (nan) on rollout worker 0, env 1, at episode step 3"
+    )
