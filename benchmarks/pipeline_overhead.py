@@ -23,10 +23,13 @@ the CPU can sample at. (c) / (b) is what the policy's arithmetic costs on these 
 Workloads: CartPole-v1 with Sample Factory's CartPole command line (``throughput.SF_CARTPOLE``), then with 256 envs
 per worker, and with each split stepped as one EnvPool (``--env_backend=envpool``, what ``--batched_sampling=True``
 means) at 20 and 256 envs per worker; atari_pong and doom_basic with Sample Factory's family arguments
-(``families.WORKLOADS``), and atari_pong with EnvPool. (a) is always the gymnasium loop; for an EnvPool row the
-table also gives the raw loop of EnvPool itself (one pool of a worker's envs per process, stepped bare).
+(``families.WORKLOADS``), and atari_pong with EnvPool. (a) is always the gymnasium loop; for an EnvPool or vector row
+the table also gives the raw loop of the backend itself (one pool or vector env of a worker's envs per process,
+stepped bare), and (b) over it. With ``--train_seconds``, each workload also trains (``msf-train``) for its training
+frames/s.
 
 Usage: python benchmarks/pipeline_overhead.py [--seconds 30] [--only "CartPole-v1, EnvPool" atari_pong ...]
+       [--train_seconds 60]
 """
 
 from __future__ import annotations
@@ -40,24 +43,29 @@ sys.path.insert(0, HERE)  # zero_policy, for this process and (through spawn's s
 os.environ["PYTHONPATH"] = HERE + os.pathsep + os.environ.get("PYTHONPATH", "")
 
 from families import WORKLOADS  # noqa: E402
-from throughput import SF_CARTPOLE, raw_env_fps, sampler_fps  # noqa: E402
+from throughput import SF_CARTPOLE, msf_train_fps, raw_env_fps, sampler_fps  # noqa: E402
 
 ZERO = ["--encoder_custom=zero_policy:zero"]
 
 
 ENVPOOL = ["--env_backend=envpool"]
+VECTOR = ["--env_backend=vector"]  # CartPole-v1's CartPoleVectorEnv: one numpy call steps a split
 MANY = ["--num_envs_per_worker=256"]  # 128 per split: where the per-request cost stops mattering
 
 
 def workloads() -> dict[str, tuple[list[str], int]]:
     """name -> (msf flags, frames per env step). The CartPole rows beyond Sample Factory's line: 256 envs per
-    worker, and each split stepped as one EnvPool (``--env_backend=envpool``), at 20 and 256 envs per worker; the
-    Atari workloads also with EnvPool."""
+    worker, and each split stepped as one EnvPool (``--env_backend=envpool``) or as gymnasium's CartPoleVectorEnv
+    (``--env_backend=vector``), at 20 and 256 envs per worker (vector: also 2048); the Atari workloads also with
+    EnvPool."""
     out = {
         "CartPole-v1": (list(SF_CARTPOLE), 1),
         "CartPole-v1, 256 envs/worker": ([*SF_CARTPOLE, *MANY], 1),
         "CartPole-v1, EnvPool": ([*SF_CARTPOLE, *ENVPOOL], 1),
         "CartPole-v1, EnvPool, 256 envs/worker": ([*SF_CARTPOLE, *ENVPOOL, *MANY], 1),
+        "CartPole-v1, vector": ([*SF_CARTPOLE, *VECTOR], 1),
+        "CartPole-v1, vector, 256 envs/worker": ([*SF_CARTPOLE, *VECTOR, *MANY], 1),
+        "CartPole-v1, vector, 2048 envs/worker": ([*SF_CARTPOLE, *VECTOR, "--num_envs_per_worker=2048"], 1),
     }
     for name, flags in WORKLOADS.items():
         out[name] = ([*flags, "--device=cpu"], 4)
@@ -71,6 +79,12 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=30.0, help="measured seconds of each sampler run")
     ap.add_argument("--warmup", type=float, default=15.0, help="seconds before a sampler run is measured")
     ap.add_argument("--only", nargs="+", default=None, help="workload names (default: all)")
+    ap.add_argument(
+        "--train_seconds",
+        type=float,
+        default=0.0,
+        help="also train each workload this long and give its training frames/s (msf-train; 0: not measured)",
+    )
     a = ap.parse_args()
     from msf.cfg.arguments import parse_args
 
@@ -93,20 +107,23 @@ def main() -> None:
         print(f"{name}: sampler, zero-cost policy {zero:,.0f}", flush=True)
         real = fs * sampler_fps(flags, a.seconds, a.warmup)
         print(f"{name}: sampler, real policy {real:,.0f}", flush=True)
-        rows.append((name, procs, fs, raw, raw_backend, zero, real))
+        train = msf_train_fps(flags, a.train_seconds, a.warmup)[0] if a.train_seconds > 0 else float("nan")
+        if a.train_seconds > 0:
+            print(f"{name}: training {train:,.0f} frames/s", flush=True)
+        rows.append((name, procs, fs, raw, raw_backend, zero, real, train))
         costs["serve_alone"] = (serve_alone_us(flags + ZERO), 0.0, 0.0)
         breakdowns.append((name, procs, raw / fs, zero / fs, costs))
     unit = lambda fs: "frames/s" if fs > 1 else "steps/s"  # noqa: E731
     print()
     print(
         "| workload | env processes | raw env loop | raw loop of the backend | sampler, zero-cost policy | zero / raw "
-        "| sampler, real policy | real / zero |"
+        "| zero / raw of the backend | sampler, real policy | real / zero | training frames/s |"
     )
-    print("|---|---|---|---|---|---|---|---|")
-    for name, procs, fs, raw, raw_backend, zero, real in rows:
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for name, procs, fs, raw, raw_backend, zero, real, train in rows:
         print(
             f"| {name} | {procs} | {raw:,.0f} {unit(fs)} | {raw_backend:,.0f} | {zero:,.0f} | **{zero / raw:.3f}** "
-            f"| {real:,.0f} | {real / zero:.3f} |"
+            f"| **{zero / raw_backend:.3f}** | {real:,.0f} | {real / zero:.3f} | {train:,.0f} |"
         )
 
     print_breakdown(breakdowns)

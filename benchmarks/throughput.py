@@ -46,9 +46,10 @@ SF_CARTPOLE = [
 def _raw_env_proc(
     env_name: str, seconds: float, out: "mp.Queue", flags: list[str] | None = None, core: int | None = None
 ) -> None:
-    """Step one env (gymnasium backend, msf's wrappers) or, with ``--env_backend=envpool`` in ``flags``,
-    one EnvPool of ``--num_envs_per_worker`` envs, with random actions; put steps/s on ``out``. ``core``:
-    pin this process to that CPU core first, as ``--set_workers_cpu_affinity`` pins a rollout worker."""
+    """Step one env (gymnasium backend, msf's wrappers) or, with ``--env_backend=vector`` or ``envpool`` in
+    ``flags``, one bare vector env (EnvPool) of ``--num_envs_per_worker`` envs, with random actions; put steps/s on
+    ``out``. ``core``: pin this process to that CPU core first, as ``--set_workers_cpu_affinity`` pins a rollout
+    worker."""
     from msf.runtime.affinity import pin_this_process
 
     pin_this_process(None if core is None else [core])
@@ -56,19 +57,21 @@ def _raw_env_proc(
     from msf.envs.registry import env_config_of, make_env
 
     cfg, _ = parse_args([f"--env={env_name}", *(flags or [])])
-    if cfg.env_backend == "envpool":
-        from msf.envs.vector import EnvPoolSplit
+    if cfg.env_backend != "gymnasium":  # the bare vector env (or EnvPool) of a worker's envs, no split around it
+        from msf.envs.vector import make_vector_env
 
-        split = EnvPoolSplit(cfg, 0, list(range(cfg.num_envs_per_worker)), os.getpid())
-        split.reset()
-        space = split.action_space
-        batches = [np.stack([space.sample() for _ in range(cfg.num_envs_per_worker)]) for _ in range(64)]
+        n_envs = cfg.num_envs_per_worker
+        venv = make_vector_env(cfg, 0, list(range(n_envs)), os.getpid())[0]
+        venv.reset(seed=os.getpid())
+        space = venv.single_action_space
+        batches = [np.stack([space.sample() for _ in range(n_envs)]) for _ in range(64)]
         n, t0 = 0, time.perf_counter()
         while time.perf_counter() - t0 < seconds:
             for a in batches:
-                split.step(a)
-            n += len(batches) * cfg.num_envs_per_worker
+                venv.step(a)
+            n += len(batches) * n_envs
         out.put(n / (time.perf_counter() - t0))
+        venv.close()
         return
     env = make_env(env_name, env_config_of(cfg, seed=os.getpid()))
     env.reset(seed=os.getpid())
@@ -419,9 +422,21 @@ def sampler_fps(flags: list[str], seconds: float, warmup: float, breakdown: dict
                         breakdown.update(cost_breakdown(costs0, process_tree_costs(os.getpid(), names), steps))
                         breakdown["wall_s"] = (time.monotonic() - t_start, 0.0, 0.0)
                     break
+        rate = steps / (time.monotonic() - t_start)
     finally:
+        ch.stop()
+        # a worker exits only once its queues' feeder threads have written what they hold: read on until they do
+        deadline = time.monotonic() + 30
+        while any(p.is_alive() for p in ch.procs) and time.monotonic() < deadline:
+            for q in (ch.full_queue, ch.stats_queue):
+                try:
+                    while True:
+                        q.get_nowait()
+                except queue_mod.Empty:
+                    pass
+            time.sleep(0.05)
         ch.close()
-    return steps / (time.monotonic() - t_start)
+    return rate
 
 
 def msf_train_fps(flags: list[str], seconds: float, warmup: float) -> tuple[float, int]:

@@ -303,10 +303,10 @@ def prepare(cfg: Config, given: set[str]) -> tuple[Config, EnvSpaces, NodePlan, 
     cached = load_env_info(exp, cfg.env, env_info_key(cfg)) if cfg.use_env_info_cache else None
     spaces = cached or (device_env_spaces(device_env) if device_env else env_spaces(cfg.env, env_config_of(cfg)))
     cfg, notes = _check_sync_or_go_async(cfg, given, spaces.num_agents)
-    if cfg.env_backend == "envpool":
-        from msf.envs.vector import check_envpool
+    if cfg.env_backend != "gymnasium":
+        from msf.envs.vector import check_backend
 
-        check_envpool(cfg, spaces)
+        check_backend(cfg, spaces)
     model = check_model(cfg, spaces)
     if device_env is None:  # a device env's buffer is on its device, not in shared memory
         check_shared_memory(cfg, spaces, model)

@@ -13,7 +13,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
-from msf.envs import declare_spaces, register_env
+from msf.envs import declare_spaces, register_env, register_vector_env
 
 
 class FailingCartPole(CartPoleEnv):
@@ -519,3 +519,94 @@ class SlowCloseCartPole(CartPoleEnv):
 
 gym.register("MsfSlowCloseCartPole-v0", entry_point=SlowCloseCartPole, max_episode_steps=500)
 declare_spaces("MsfSlowCloseCartPole-v0", gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), gym.spaces.Discrete(2))
+
+
+FIVE_STEPS = 5
+
+
+class FiveStepVectorEnv(gym.vector.VectorEnv):
+    """A deterministic ``VectorEnv`` of ``num_envs`` envs whose episodes last :data:`FIVE_STEPS` steps, in the
+    autoreset mode ``autoreset_mode`` (gymnasium's rules for each: next-step, same-step, disabled).
+
+    Observation ``[env index, episode, step in the episode, 0]`` float32 (the env index is the job-wide one,
+    ``first + i``); the ``k``-th step of an episode (k = 1..5) earns reward ``k`` (return 15); an episode ends at its
+    5th step, terminated for an even env index and truncated for an odd one. ``taken`` records every real
+    transition ``(env, episode, step before, action)``; ``autoresets`` counts the next-step reset steps. Stepping an
+    ended env without resetting it in disabled mode raises ``RuntimeError``."""
+
+    def __init__(self, num_envs: int, first: int = 0, autoreset_mode: str = "NextStep"):
+        self.num_envs, self.first = num_envs, first
+        self.metadata = {"autoreset_mode": gym.vector.AutoresetMode(autoreset_mode)}
+        self.single_observation_space = gym.spaces.Box(-1.0, 1e6, (4,), dtype=np.float32)
+        self.single_action_space = gym.spaces.Discrete(3)
+        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
+        self.episode = np.zeros(num_envs, dtype=np.int64)
+        self.t = np.zeros(num_envs, dtype=np.int64)
+        self.ended = np.zeros(num_envs, dtype=bool)
+        self.taken: list[tuple[int, int, int, int]] = []
+        self.autoresets = 0
+
+    def _obs(self) -> np.ndarray:
+        envs = self.first + np.arange(self.num_envs)
+        return np.stack([envs, self.episode, self.t, np.zeros(self.num_envs)], axis=1).astype(np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        mask = (options or {}).get("reset_mask", np.ones(self.num_envs, dtype=bool))
+        self.episode[mask & (self.t > 0)] += 1
+        self.t[mask], self.ended[mask] = 0, False
+        return self._obs(), {}
+
+    def step(self, actions):
+        actions = np.asarray(actions)
+        mode = self.metadata["autoreset_mode"]
+        if mode == gym.vector.AutoresetMode.DISABLED and self.ended.any():
+            raise RuntimeError(f"envs {np.nonzero(self.ended)[0].tolist()} stepped after their end, not reset")
+        resetting = self.ended & (mode == gym.vector.AutoresetMode.NEXT_STEP)
+        self.autoresets += int(resetting.sum())
+        for i in np.nonzero(~resetting)[0]:
+            self.taken.append((self.first + int(i), int(self.episode[i]), int(self.t[i]), int(actions[i])))
+        self.episode[resetting] += 1
+        self.t[resetting] = 0
+        self.t[~resetting] += 1
+        rew = np.where(resetting, 0, self.t).astype(np.float64)
+        ended = (self.t == FIVE_STEPS) & ~resetting
+        odd = (self.first + np.arange(self.num_envs)) % 2 == 1
+        self.ended = ended
+        info = {}
+        if mode == gym.vector.AutoresetMode.SAME_STEP and ended.any():
+            info = {"final_obs": self._obs()[ended]}
+            self.episode[ended] += 1
+            self.t[ended] = 0
+            self.ended = np.zeros(self.num_envs, dtype=bool)
+        return self._obs(), rew, ended & ~odd, ended & odd, info
+
+    def close(self, **kwargs):
+        pass
+
+
+def make_five_step_next(name, num_envs, env_config):
+    return FiveStepVectorEnv(num_envs, env_config["env_index"], "NextStep")
+
+
+def make_five_step_same(name, num_envs, env_config):
+    return FiveStepVectorEnv(num_envs, env_config["env_index"], "SameStep")
+
+
+def make_five_step_disabled(name, num_envs, env_config):
+    return FiveStepVectorEnv(num_envs, env_config["env_index"], "Disabled")
+
+
+register_vector_env("MsfFiveStepNext", make_five_step_next)
+register_vector_env("MsfFiveStepSame", make_five_step_same)
+register_vector_env("MsfFiveStepDisabled", make_five_step_disabled)
+# declared for one of them: msf-train reads the spaces here; the others are made once to read them
+declare_spaces("MsfFiveStepSame", gym.spaces.Box(-1.0, 1e6, (4,), dtype=np.float32), gym.spaces.Discrete(3))
+
+
+def make_five_step_misdeclared(name, num_envs, env_config):
+    return FiveStepVectorEnv(num_envs, env_config["env_index"], "NextStep")
+
+
+register_vector_env("MsfFiveStepMisdeclared", make_five_step_misdeclared)
+declare_spaces("MsfFiveStepMisdeclared", gym.spaces.Box(-1.0, 1e6, (5,), dtype=np.float32), gym.spaces.Discrete(3))

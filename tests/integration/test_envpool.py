@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(
     reason="envpool (extra [envpool]) or mujoco is not installed here: no wheel for this machine?",
 )
 
-from msf.envs.vector import EnvPoolSplit, GymSplit, check_envpool, envpool_task, make_envpool  # noqa: E402
+from msf.envs.vector import check_backend, envpool_task, make_envpool, make_split  # noqa: E402
 
 
 def test_task_names():
@@ -56,17 +56,13 @@ def _hopper_reset_like(obs: np.ndarray) -> bool:
     )
 
 
-@pytest.mark.parametrize("backend", [EnvPoolSplit, GymSplit], ids=["envpool", "gymnasium"])
+@pytest.mark.parametrize("backend", ["envpool", "gymnasium"])
 def test_the_observation_returned_with_an_episode_end_is_the_next_episodes_first(backend):
     """Hopper falls within tens of steps under random actions; a fallen hopper's observation is far from
     the reset distribution, so each end must come with a fresh first observation, from both backends."""
     # (no decorrelation steps: each first observation must be a reset one)
-    cfg = Config(
-        env="mujoco_hopper",
-        env_backend="envpool" if backend is EnvPoolSplit else "gymnasium",
-        decorrelate_envs_on_one_worker=False,
-    )
-    split = backend(cfg, 0, [0, 1, 2], seed=3)
+    cfg = Config(env="mujoco_hopper", env_backend=backend, decorrelate_envs_on_one_worker=False)
+    split = make_split(cfg, 0, [0, 1, 2], seed=3)
     rng = np.random.default_rng(0)
     first = np.asarray(split.reset())
     assert first.shape == (3, 11) and all(_hopper_reset_like(o) for o in first)
@@ -94,8 +90,8 @@ def test_atari_pool_matches_the_gymnasium_preprocessing(size):
 
     cfg = Config(env="atari_pong", env_backend="envpool", atari_screen_size=size)
     spaces = env_spaces(cfg.env, env_config_of(cfg))
-    check_envpool(cfg, spaces)  # same shapes and actions, or a ConfigError
-    split = EnvPoolSplit(cfg, 0, [0, 1], seed=0)
+    check_backend(cfg, spaces)  # same shapes and actions, or a ConfigError
+    split = make_split(cfg, 0, [0, 1], seed=0)
     obs = split.reset()
     assert obs.shape == (2, 4, size, size) and obs.dtype == np.uint8 and obs.std() > 1
     rewards = []
@@ -157,7 +153,7 @@ def test_classic_control_pools_have_gymnasiums_spaces_and_episode_limits(env):
     from msf.envs.registry import env_config_of, env_spaces
 
     cfg = Config(env=env, env_backend="envpool")
-    check_envpool(cfg, env_spaces(env, env_config_of(cfg)))  # a ConfigError names what differs
+    check_backend(cfg, env_spaces(env, env_config_of(cfg)))  # a ConfigError names what differs
     pool = make_envpool(cfg, 1, 0)
     assert pool.spec.config.max_episode_steps == gymnasium.spec(env).max_episode_steps
     pool.close()
@@ -168,7 +164,7 @@ def test_a_balanced_cartpole_is_truncated_at_500_and_a_fallen_one_terminated():
     ``--value_bootstrap``) and a fallen pole (|angle| > 12 degrees) as a termination; EnvPool's must do the same,
     each end coming with the next episode's first observation (gymnasium's reset: every component in
     [-0.05, 0.05])."""
-    split = EnvPoolSplit(Config(env="CartPole-v1", env_backend="envpool"), 0, [0, 1], seed=5)
+    split = make_split(Config(env="CartPole-v1", env_backend="envpool"), 0, [0, 1], seed=5)
     obs = split.reset()
     lengths, ends = np.zeros(2, dtype=int), []
     for _ in range(1200):

@@ -41,6 +41,7 @@ class FakeSplit:
         self.action_space = gym.spaces.Discrete(5)
         self.actions: list[np.ndarray] = []
         self.closed = False
+        self.autoreset_rows = None
 
     def _obs(self) -> list[np.ndarray]:
         return [np.array([e, k, t, self.seed], np.float32) for e, k, t in zip(self.envs, self.episode, self.t)]

@@ -195,10 +195,12 @@ class SamplingFlags:
     )
     env_backend: str = flag(
         "gymnasium",
-        "How rollout workers step their envs: gymnasium (one env object each, a Python loop) or envpool (one "
-        "EnvPool per split of a worker, one C++ call; atari_*, mujoco_* and the classic-control ids CartPole-v0/v1, "
+        "How rollout workers step their envs: gymnasium (one env object each, a Python loop), vector (one "
+        "gymnasium VectorEnv per split of a worker, one call: a gymnasium id's vector entry point such as "
+        "CartPole-v1's, ale-py's AtariVectorEnv for atari_*, or msf.envs.register_vector_env; docs/vector_envs.md) "
+        "or envpool (one EnvPool per split; atari_*, mujoco_* and the classic-control ids CartPole-v0/v1, "
         "Acrobot-v1, MountainCar-v0, MountainCarContinuous-v0, Pendulum-v1; extra [envpool])",
-        ("gymnasium", "envpool"),
+        ("gymnasium", "vector", "envpool"),
     )
     atari_sticky_actions: bool = flag(
         False,
@@ -247,8 +249,8 @@ class SamplingFlags:
     batched_sampling: bool = flag(
         False,
         "Step each split of a rollout worker's envs as one vectorised env that returns whole arrays (Sample "
-        "Factory's flag): msf's --env_backend=envpool (one EnvPool per split, one C++ call per step); refused for "
-        "an env that backend does not serve",
+        "Factory's flag): msf's --env_backend=envpool (one EnvPool per split, one C++ call per step; refused for "
+        "an env that backend does not serve), or --env_backend=vector where that is given",
     )
     decorrelate_experience_max_seconds: int = flag(
         0,

@@ -331,7 +331,7 @@ def _check_writable(train_dir: str) -> None:
 
 
 # gymnasium's classic-control ids that EnvPool ports under the same id, with the same spaces and episode limits
-# (CartPole-v1 500 steps, Acrobot-v1 500, MountainCar-v0 and Pendulum-v1 200); msf.envs.vector.check_envpool
+# (CartPole-v1 500 steps, Acrobot-v1 500, MountainCar-v0 and Pendulum-v1 200); msf.envs.vector.check_backend
 # compares the spaces before any process is spawned. Here (not in msf.envs) because flags are checked here.
 ENVPOOL_CLASSIC = (
     "CartPole-v0",
@@ -354,7 +354,8 @@ def envpool_serves(env: str) -> bool:
 
 def resolve_sample_factory_flags(cfg: Config, given: set[str]) -> Config:
     """Sample Factory flags that msf expresses with its own: ``--batched_sampling=True`` is
-    ``--env_backend=envpool`` (a split of a worker's envs stepped as one vectorised env).
+    ``--env_backend=envpool`` (a split of a worker's envs stepped as one vectorised env), or ``vector`` where that
+    is given.
 
     Raises:
         ConfigError: ``--batched_sampling=True`` with ``--env_backend=gymnasium`` given (or ``False`` with
@@ -368,6 +369,8 @@ def resolve_sample_factory_flags(cfg: Config, given: set[str]) -> Config:
                 "EnvPool per split): leave one of them out"
             )
         return cfg
+    if "env_backend" in given and cfg.env_backend == "vector":
+        return cfg  # one gymnasium VectorEnv per split: batched too
     if not envpool_serves(cfg.env):
         raise ConfigError(
             f"--batched_sampling: msf's batched sampling steps each split as one EnvPool, which serves "

@@ -56,6 +56,9 @@ DOOM = {
     "deathmatch": "VizdoomDeathmatch-v1",
 }
 
+ATARI_NOOP_MAX = 30
+"""Atari: each episode starts with a random count of no-op steps, at most this many, in every backend."""
+
 DOOM_RESOLUTION = (72, 128)  # height, width: Sample Factory's doom observations (--res_h, --res_w)
 
 EXTRAS = {
@@ -146,7 +149,7 @@ def make_atari(name: str, env_config: dict[str, Any]) -> gym.Env:
     )
     env = gym.wrappers.AtariPreprocessing(
         env,
-        noop_max=30,
+        noop_max=ATARI_NOOP_MAX,
         frame_skip=int(env_config.get("frameskip") or FRAMESKIP["atari_"]),
         screen_size=int(env_config.get("atari_screen_size") or 84),
         grayscale_obs=True,

@@ -25,8 +25,10 @@ from msf.cfg.validation import ConfigError
 from msf.runtime.registrations import registry, why_missing
 
 MakeEnvFn = Callable[[str, dict], gym.Env]
+MakeVectorEnvFn = Callable[[str, int, dict], Any]  # (name, num_envs, env_config) -> gymnasium.vector.VectorEnv
 # carried to every process msf spawns (msf.runtime.registrations), so a registration made in a script's main() works
 _REGISTRY: dict[str, MakeEnvFn] = registry("env")
+_VECTOR: dict[str, MakeVectorEnvFn] = registry("vector_env")
 _DECLARED: dict[str, "EnvSpaces"] = registry("declared")  # by short name (the ``Id`` of ``module:Id``)
 
 
@@ -45,6 +47,45 @@ def register_env(name: str, make_env_fn: MakeEnvFn) -> None:
     there too (:func:`declare_spaces`).
     """
     _REGISTRY[name] = make_env_fn
+
+
+def register_vector_env(name: str, make_vector_env_fn: MakeVectorEnvFn) -> None:
+    """Register ``make_vector_env_fn(name, num_envs, env_config) -> gymnasium.vector.VectorEnv`` (numpy arrays in
+    and out, ``num_envs`` sub-envs) under ``name``, for ``--env_backend=vector``: each rollout worker makes one per
+    split. ``env_config`` is that of the split's first env (:func:`register_env`; its ``env_index`` and ``seed``
+    are the first env's, the others' follow, ``+ i``). The env's ``metadata["autoreset_mode"]`` (gymnasium's
+    ``AutoresetMode``; next-step if absent) says how it resets: every mode is served
+    (:class:`msf.envs.vector.VectorSplit`). Its ``single_observation_space`` and ``single_action_space`` are one
+    env's; declare them with :func:`declare_spaces` to spare ``msf-train`` making one, and every env made is checked
+    against the declaration. The same rules of import as :func:`register_env` apply. A name with only a vector
+    registration trains with ``--env_backend=vector`` only (``msf-enjoy`` steps one env: register that too)."""
+    _VECTOR[name] = make_vector_env_fn
+
+
+def vector_maker(name: str) -> tuple[str, MakeVectorEnvFn | None]:
+    """``(key, maker)`` of the vector env registered as ``name`` (``module:name`` imports ``module`` first); the
+    maker is None where none is."""
+    key = name.rpartition(":")[2]
+    if ":" in name:
+        _resolve(name)  # imports the module, or names why it cannot
+    return key, _VECTOR.get(key)
+
+
+def single_spaces(name: str, venv: Any) -> EnvSpaces:
+    """The :class:`EnvSpaces` of one env of the vector env ``venv`` made for ``name`` (its ``single_*`` spaces),
+    checked against those declared for ``name`` (:func:`declare_spaces`), if any.
+
+    Raises:
+        ValueError: they differ from the declared ones (both named). ConfigError: unsupported spaces.
+    """
+    spaces = spaces_of(_Declared(venv.single_observation_space, venv.single_action_space, 1))
+    declared = _DECLARED.get(name.rpartition(":")[2])
+    if declared is not None and spaces != declared:
+        raise ValueError(
+            f"{name}: the vector env has other spaces than were declared for it (msf.envs.declare_spaces): "
+            f"declared {declared}, made {spaces}"
+        )
+    return spaces
 
 
 def declare_spaces(name: str, observation_space: gym.Space, action_space: gym.Space, num_agents: int = 1) -> None:
@@ -369,9 +410,16 @@ def env_spaces(name: str, env_config: dict[str, Any] | None = None, note_after_s
         ConfigError: unknown env, a family whose extra is missing, or unsupported spaces.
     """
     key, fn = _resolve(name)
-    declared = _DECLARED.get(name.rpartition(":")[2])
-    if declared is not None and (fn is not None or _is_gym_id(key)):
+    short = name.rpartition(":")[2]
+    declared, vector = _DECLARED.get(short), _VECTOR.get(short) if fn is None else None
+    if declared is not None and (fn is not None or vector is not None or _is_gym_id(key)):
         return declared  # an unknown name is left to make_env, which names it
+    if vector is not None:  # registered as a vector env only: one of one env
+        venv = vector(short, 1, env_config or {"worker_index": 0, "env_index": 0, "device_group": 0, "seed": 0})
+        try:
+            return single_spaces(name, venv)
+        finally:
+            venv.close()
     t0 = time.monotonic()
     note = threading.Timer(
         note_after_s,

@@ -159,9 +159,14 @@ class EnvSplit(Protocol):
     Attributes:
         action_space: the gymnasium action space of one agent (with ``low``/``high`` for a ``Box``: actions
             are clipped to them before stepping).
+        autoreset_rows: after :meth:`step`, bool ``[n]``: the rows whose step was no transition but a next-step
+            autoreset (see :class:`msf.envs.vector.VectorSplit`): their observation is the next episode's first,
+            to be written at their cursor, which does not move; their reward, terminated and truncated are 0.
+            None when every row made a transition.
     """
 
     action_space: Any
+    autoreset_rows: np.ndarray | None
 
     def reset(self) -> Sequence[np.ndarray] | np.ndarray:
         """The first observation of every row (seeded)."""

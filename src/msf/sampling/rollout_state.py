@@ -23,10 +23,17 @@ class SlotPool:
 
     def take(self, row: int) -> int:
         """The first free slot, its key now that of ``row``'s next trajectory. IndexError: none is free."""
-        slot = self.free.popleft()
-        self.slot_key[slot] = ((self.first_row + row) << 32) | int(self.trajectories[row])
-        self.trajectories[row] += 1
-        return slot
+        return int(self.take_many(np.array([row]))[0])
+
+    def take_many(self, rows: np.ndarray) -> np.ndarray:
+        """The first ``len(rows)`` free slots, in order, one for each of ``rows`` (distinct), their keys now those of
+        the rows' next trajectories. IndexError: too few are free (none taken)."""
+        if len(rows) > len(self.free):
+            raise IndexError(f"{len(rows)} slots wanted, {len(self.free)} free")
+        slots = np.array([self.free.popleft() for _ in range(len(rows))], dtype=np.int64)
+        self.slot_key[slots] = ((self.first_row + rows) << 32) | self.trajectories[rows]
+        self.trajectories[rows] += 1
+        return slots
 
     def take_returned(self, timeout: float | None) -> bool:
         """Take every message on ``free_queue`` into the free slots, waiting up to ``timeout`` seconds for the
@@ -48,16 +55,21 @@ class RunningEpisodes:
     def __init__(self, rows: int, now: float):
         self.ret = np.zeros(rows, dtype=np.float64)
         self.len = np.zeros(rows, dtype=np.int64)
-        self.done: list[tuple[float, int, int]] = []  # (return, length, policy)
+        self.done: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (returns, lengths, policies) per add
         self.taken_at = now
 
-    def add(self, lo: int, rew: np.ndarray, ended: np.ndarray, row_policy: np.ndarray) -> None:
-        """Rows ``lo .. lo + len(rew) - 1`` stepped: ``rew`` their rewards, ``ended`` (bool) whose episode ended."""
+    def add(
+        self, lo: int, rew: np.ndarray, ended: np.ndarray, row_policy: np.ndarray, stepped: np.ndarray | bool = True
+    ) -> None:
+        """Rows ``lo .. lo + len(rew) - 1`` stepped: ``rew`` their rewards, ``ended`` (bool) whose episode ended;
+        ``stepped`` (bool, or one per row): which of them made a transition (a next-step autoreset does not: its
+        length stays; its reward is 0)."""
         hi = lo + len(rew)
         self.ret[lo:hi] += rew
-        self.len[lo:hi] += 1
-        for i in np.nonzero(ended)[0]:
-            self.done.append((float(self.ret[lo + i]), int(self.len[lo + i]), int(row_policy[lo + i])))
+        self.len[lo:hi] += stepped
+        if ended.any():
+            rows = lo + np.nonzero(ended)[0]
+            self.done.append((self.ret[rows], self.len[rows], row_policy[rows]))  # copies (fancy indexing)
         self.ret[lo:hi][ended] = 0.0
         self.len[lo:hi][ended] = 0
 
@@ -67,7 +79,7 @@ class RunningEpisodes:
         if not self.done or now - self.taken_at <= period_s:
             return None
         done, self.done, self.taken_at = self.done, [], now
-        returns, lengths, policies = (list(x) for x in zip(*done))
+        returns, lengths, policies = (np.concatenate(x).tolist() for x in zip(*done))
         return returns, lengths, policies
 
 

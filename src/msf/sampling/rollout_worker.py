@@ -194,7 +194,9 @@ class RolloutWorker:
         """Step the envs of ``split`` with the actions at their cursors, and write what they returned.
 
         For each row at cursor ``(slot, t)``: reward, done and time-out at ``[slot, t]``, the next observation
-        at ``obs[slot, t + 1]`` (a zero core state there after an episode end); the cursor moves to ``t + 1``.
+        at ``obs[slot, t + 1]`` (a zero core state there after an episode end); the cursor moves to ``t + 1``. A row
+        whose step was a next-step autoreset (``EnvSplit.autoreset_rows``) writes its observation at ``obs[slot, t]``
+        and stays.
         Rows that reach ``t = T`` (rollout) start their next trajectories (:meth:`_next_trajectories`).
         Finished episodes are kept for :meth:`report_stats`.
 
@@ -207,17 +209,22 @@ class RolloutWorker:
         actions = self.actions[slots, ts]
         if self.action_bounds is not None:
             actions = np.clip(actions, *self.action_bounds)
-        next_obs, rew, term, trunc = self.splits[split].step(actions)
+        env_split = self.splits[split]
+        next_obs, rew, term, trunc = env_split.step(actions)
         self.counters.add_step()
         obs = np.asarray(next_obs, dtype=self.obs_dtype)
         self._check_finite(lo, obs, rew)
         ended = term | trunc
-        self.episodes.add(lo, rew, ended, self.policies.row)
+        # rows of a next-step autoreset made no transition: their cursor stays, their new first observation
+        # replaces the placeholder there (what they write at [slot, t] is written again at their next step)
+        skip = env_split.autoreset_rows
+        stepped: np.ndarray | bool = True if skip is None else ~skip
+        self.episodes.add(lo, rew, ended, self.policies.row, stepped)
         self.policies.episode_ended[lo:hi] |= ended
         self.rewards[slots, ts] = rew
         self.dones[slots, ts] = ended
         self.time_outs[slots, ts] = trunc & ~term
-        ts += 1
+        ts += stepped
         self.obs[slots, ts] = obs
         if self.rnn_states is not None and ended.any():
             # a new episode starts with a zero state (the inference worker wrote the old one's)
@@ -251,16 +258,19 @@ class RolloutWorker:
         split's quota, and move each to ``(new slot, 0)``, where it starts with the bootstrap row
         ``obs[slot, T]`` and the core state ``rnn_states[slot, T]`` (zeros if the row's policy changed: another
         policy's core state means nothing to this one)."""
-        self.full_queue.put(FullTrajectories(self.index, slots[full].tolist()))
+        old = slots[full]
+        self.full_queue.put(FullTrajectories(self.index, old.tolist()))
         rows = split * self.eps + full
         switched = self.policies.at_boundary(rows)
-        for k, (i, row) in enumerate(zip(full.tolist(), rows.tolist())):
-            new = self._take_slot(row)
-            self.obs[new, 0] = self.obs[slots[i], self.T]
-            self.slot_policy[new] = self.policies.row[row]
-            if self.rnn_states is not None:
-                self.rnn_states[new, 0] = 0.0 if switched[k] else self.rnn_states[slots[i], self.T]
-            slots[i], ts[i] = new, 0
+        while len(self.slots.free) < len(full):
+            self._wait_for_slots()
+        new = self.slots.take_many(rows)
+        self.obs[new, 0] = self.obs[old, self.T]
+        self.slot_policy[new] = self.policies.row[rows]
+        if self.rnn_states is not None:
+            kept = self.rnn_states[old, self.T]
+            self.rnn_states[new, 0] = np.where(switched.reshape(-1, *[1] * (kept.ndim - 1)), 0.0, kept)
+        slots[full], ts[full] = new, 0
         self.quota.spend(split)
 
     def request(self, split: int) -> None:
