@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         node.close(reason)
         signals.restore()
     logging.getLogger("msf").info(
-        "sampler node: the job %s; %d trajectories sent (%d bytes)", reason, node.sent_trajectories, link.bytes_sent
+        "sampler node: the job %s; %d trajectories sent (%d bytes)", reason, node.sent_trajectories, node.bytes_sent
     )
     return EXIT_FAILED if reason == "failed" else EXIT_OK
 

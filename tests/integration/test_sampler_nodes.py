@@ -3,6 +3,7 @@ and how both sides end. Each process runs in a session of its own, so that a tes
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -255,3 +256,56 @@ def test_a_killed_sampler_node_costs_its_trajectories_in_flight_and_a_late_one_i
     assert s["env_steps_trained"] + s["env_steps_dropped"] + s["env_steps_discarded"] == s["env_steps"]
     assert node_sent(eb) * ROLLOUT - second["env_steps_received"] <= 64 * ROLLOUT
     assert shm_leftovers(a_pids | {j.pid, b.pid}) == []
+
+
+def _two_free_ports() -> int:
+    """A port ``p`` with ``p + 1`` free too (device group R listens on ``--sampler_port + R``)."""
+    for _ in range(50):
+        p = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", p + 1))
+            except OSError:
+                continue
+        return p
+    raise AssertionError("no two adjacent free ports")
+
+
+def test_two_device_groups_fed_by_two_sampler_nodes_stay_identical_and_balance_their_books(train_dir):
+    """Issue 37, number 2: --nproc_per_node=2 --num_workers=0 fed by two sampler nodes, replicas compared every
+    iteration (--ddp_check_interval=1: a difference fails the run); every node feeds both groups; each group took
+    its local batch (half the job's steps); the observation normaliser counted every sample trained (its moments are
+    summed over the replicas); per source and group, received = kept + dropped + pending."""
+    import torch
+
+    port = _two_free_ports()
+    exp = train_dir / "dp"
+    args = [*SMALL, "--nproc_per_node=2", "--num_workers=0", "--seed=2", "--ddp_check_interval=1"]
+    j = job(train_dir, "dp", port, [*args, "--normalize_input=True", "--train_for_env_steps=16384"])
+    wait_for_log(exp / "log.txt", "sampler nodes may join")
+    key = f"--sampler_key_file={exp}/sampler.key"
+    nodes = [sampler(port, key), sampler(port, key)]
+    rj, _, ej = communicate(j, timeout=300)
+    ended = [communicate(n, timeout=SLACK_S) for n in nodes]
+    assert rj == 0 and all(r == 0 for r, _, _ in ended), (ej[-3000:], [e[-1500:] for _, _, e in ended])
+    s = read_summary(train_dir, "dp")
+    assert s["status"] == "done" and s["world_size"] == 2 and s["env_steps"] >= 16384
+    groups = [s["sampler_nodes"], json.loads((exp / "sampler_nodes.rank1.json").read_text())]
+    assert [g["address"] for g in groups] == [f"127.0.0.1:{port}", f"127.0.0.1:{port + 1}"]
+    taken = []
+    for g in groups:
+        assert len(g["sources"]) == 2 and g["refused"] == {}  # both nodes joined both groups
+        for src in g["sources"].values():
+            assert src["env_steps_received"] > 0 and src["env_steps_rejected"] == src["env_steps_lost"] == 0
+            assert src["env_steps_received"] == (
+                src["env_steps_kept"] + src["env_steps_dropped"] + src["env_steps_pending"]
+            )
+        taken.append(sum(v["env_steps_kept"] + v["env_steps_dropped"] for v in g["sources"].values()))
+    assert taken[0] == taken[1] == s["env_steps"] // 2  # each replica's local batch, every iteration
+    # what each node says it sent arrived at one of the groups (but its last messages in flight at the end)
+    for (_, _, err), name in zip(ended, sorted(groups[0]["sources"], key=lambda n: int(n.rsplit(":", 1)[1]))):
+        received = sum(g["sources"][name]["env_steps_received"] for g in groups)
+        assert 0 <= node_sent(err) * ROLLOUT - received <= 64 * ROLLOUT, (name, err[-500:])
+    (last,) = sorted((exp / "checkpoint_p0").glob("checkpoint_*.pth"))[-1:]
+    count = torch.load(last, weights_only=False)["model"]["obs_normalizer.count"].item()
+    assert count == s["env_steps_trained"], (count, s["env_steps_trained"], s["env_steps_dropped"])

@@ -504,7 +504,8 @@ class SamplerNodeFlags:
     sampler_port: int = flag(
         0,
         "TCP port where sampler nodes (msf-sampler --connect=HOST:PORT) join this job and send it trajectories; "
-        "0: none can join. One device group only (nnodes=1, nproc_per_node=1)",
+        "0: none can join. Device group R listens on this port + R (one node: nnodes=1); a sampler node connects "
+        "to this one and spreads its trajectories over all groups",
         scope=(LAUNCH,),
     )
     sampler_bind: str | None = flag(

@@ -194,7 +194,8 @@ def _check_sampler_nodes(cfg: Config, p: Problems) -> None:
         return
     if cfg.sampler_port:
         for ok, name, why in (
-            (cfg.nnodes == 1 and (cfg.nproc_per_node or 1) == 1, "nproc_per_node", "one device group on one node"),
+            (cfg.nnodes == 1, "nnodes", "one node (its device groups listen on --sampler_port + local rank)"),
+            (cfg.sampler_port + (cfg.nproc_per_node or 1) <= 65536, "nproc_per_node", "a port per device group"),
             (cfg.async_rl, "async_rl", "--async_rl=True (remote trajectories arrive at their own pace)"),
             (not cfg.deterministic, "deterministic", "--deterministic=False (remote timing varies)"),
             (not cfg.serial_mode, "serial_mode", "--serial_mode=False"),

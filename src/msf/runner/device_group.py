@@ -173,7 +173,7 @@ def run_device_group(
     signals = _SignalHandler(launcher_ends_on_second_interrupt=spawned_by_node_launcher)
     try:
         group = DeviceGroup(buffer, weights, rank, device, first_worker=_first_worker(cfg, rank, world))
-        sampler = _make_sampler(cfg, derived, spaces, group, learners, exp_dir, device_env)
+        sampler = _make_sampler(cfg, derived, spaces, group, learners, exp_dir, device_env, world)
         loop = TrainingLoop(
             cfg, derived, learners, buffer, weights, sampler, exp_dir, state, tb, rank, world, heartbeat
         )
@@ -188,9 +188,8 @@ def run_device_group(
             summary_path, _final_summary(loop, "interrupted", time.monotonic() - t0, exp_dir)
         )
     status, error = _run_loop(loop, sampler, tb)
-    if status == "done" and loop.untrained():
-        status = "untrained"  # the budget or the time ran out before any batch filled
     summary = None
+    _write_books(cfg, rank, exp_dir, loop)
     if rank.is_main:
         summary = _final_summary(loop, status, time.monotonic() - t0, exp_dir)
         summary["error"] = None if error is None else failure_line(error)  # the cause of a failed run, one line
@@ -216,33 +215,52 @@ def _make_sampler(
     learners: list[Learner],
     exp_dir: str,
     device_env: bool,
+    world: Any,
 ) -> Sampler:
     """The group's sampler: a device-side env stepped here with the learners' own models (``device_env``); else
     its workers in child processes (or with ``--serial_mode`` in this one); with ``--sampler_port``, and those of
-    sampler nodes (:class:`RemoteSampler`, its key in ``--sampler_key_file`` or made in the experiment folder)."""
+    sampler nodes (:class:`RemoteSampler`, its key in ``--sampler_key_file`` or made in the experiment folder by
+    rank 0 before any group reads it: a collective)."""
     if device_env:
         return DeviceSampler(cfg, derived, spaces, group, learners)
+    group_cfg = rank_config(cfg, group.rank)
     local: Sampler | None = None
-    if cfg.num_workers:
+    if group_cfg.num_workers:
         local = (SerialSampler if cfg.serial_mode else ProcessSampler)(cfg, derived, spaces, group)
     if not cfg.sampler_port:
         assert local is not None, "validation: --num_workers=0 needs --sampler_port"
         return local
     key_path = cfg.sampler_key_file or os.path.join(exp_dir, "sampler.key")
-    key = wire.read_key(key_path) if os.path.exists(key_path) else wire.make_key(key_path)
+    if group.rank.is_main and not os.path.exists(key_path):
+        wire.make_key(key_path)
+    world.all_gather(torch.zeros(1))  # every group reads the key rank 0 made
+    key = wire.read_key(key_path)
     log.info("sampler nodes sign their messages with the key in %s (msf-sampler --sampler_key_file)", key_path)
     shape = wire.shape_hash(env_info_key(cfg), spaces, learners[0].model, cfg)
     try:
         return RemoteSampler(
             local,
             lambda full, stats: SamplerEndpoint(
-                cfg, derived, spaces, group.buffer, group.weights, key, shape, full, stats, cfg.num_workers
+                group_cfg, derived, spaces, group.buffer, group.weights, key, shape, full, stats,
+                group_cfg.num_workers, (group.rank.local_rank, group.rank.nproc_per_node),
             ),
-        )
+        )  # fmt: skip
     except BaseException:
         if local is not None:
             local.close()
         raise
+
+
+def _write_books(cfg: Config, rank: RankInfo, exp_dir: str, loop: TrainingLoop) -> None:
+    """With ``--sampler_port``, rank R > 0 writes its sampler nodes' books (:meth:`RemoteSampler.sources`) to
+    ``sampler_nodes.rankR.json`` (rank 0's are ``summary.json``'s ``sampler_nodes``); a failure is logged."""
+    if not cfg.sampler_port or rank.is_main:
+        return
+    path = os.path.join(exp_dir, f"sampler_nodes.rank{rank.rank}.json")
+    try:
+        write_json_atomic(path, loop.reporter.sampler_nodes() or {})
+    except OSError as e:
+        log.error("%s could not be written: %s", path, e)
 
 
 def _final_summary(loop: TrainingLoop, status: str, wall: float, exp_dir: str) -> dict:
@@ -402,7 +420,8 @@ def _run_loop(loop: TrainingLoop, sampler: Sampler, tb: TensorBoardSummaries | N
     """Run the loop, save the final checkpoints, then close the sampler whatever happened.
 
     Returns:
-        the status ("done", "stopped" or "failed") and, when failed, the error.
+        the status ("done", "untrained": done before any batch filled, "stopped" or "failed") and, when
+        failed, the error.
     """
     error: Exception | None = None
     try:
@@ -427,4 +446,6 @@ def _run_loop(loop: TrainingLoop, sampler: Sampler, tb: TensorBoardSummaries | N
         stop_fork_server()  # nothing of the run outlives msf-train's exit
         if tb is not None:
             tb.close()
+    if status == "done" and loop.untrained():
+        status = "untrained"  # the budget or the time ran out before any batch filled
     return status, error

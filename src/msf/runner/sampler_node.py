@@ -8,6 +8,11 @@ buffer and published weights). Its loop, in place of a learner: copy each announ
 hand the slot back, send the copy; forward finished episodes; load the weights the job sends. Sends wait (the job's
 back-pressure) but never blindly: the loop keeps reading the job's messages, and a job silent for
 ``connect_timeout`` seconds ends the node.
+
+A job of several device groups (group R listens on the port + R) names them in its accept message: the node then
+joins each group on a link of its own and sends each trajectory message to the group with the most room in its
+window (:mod:`~msf.sampling.wire`'s flow control). The groups' learners take in lockstep (DDP), so their credits
+come back at one pace and every group gets an equal share of the node's trajectories.
 """
 
 from __future__ import annotations
@@ -68,6 +73,10 @@ class JobLink:
         self.sock.setsockopt(zmq.SNDHWM, 16)  # a few messages ahead of the job: the rest waits in the workers
         self.sock.setsockopt(zmq.LINGER, 1000)
         self.sock.connect(endpoint)
+        self.endpoint = endpoint
+        self.sent = 0  # trajectories sent on this link
+        self.window, self.done = 1, 0  # flow control: at most `window` trajectories sent and not yet done
+        self.join_header: dict = {}  # what a rejoin sends again
         self.seq = 0
         self.heard = time.monotonic()
         self.bytes_sent = 0
@@ -96,6 +105,10 @@ class JobLink:
             return None
         self.heard = time.monotonic()
         return msg
+
+    def room(self) -> int:
+        """How many more trajectories fit in this link's window now."""
+        return self.window - (self.sent - self.done)
 
     def silent_for(self) -> float:
         return time.monotonic() - self.heard
@@ -144,31 +157,43 @@ class SamplerNode:
 
     def __init__(self, link: JobLink, settings: NodeSettings, stop: threading.Event):
         self.link, self.settings, self.stop = link, settings, stop
-        self.sent_trajectories = 0
-        self.window, self.done = 1, 0  # flow control: at most `window` trajectories sent and not yet done
+        self.links = [link]  # one per device group of the job, the one ``--connect`` names first
+        self.versions: dict[int, int] = {}  # per policy, the version of the weights loaded
         self.sampler: ProcessSampler | None = None
 
+    @property
+    def sent_trajectories(self) -> int:
+        return sum(link.sent for link in self.links)
+
+    @property
+    def bytes_sent(self) -> int:
+        return sum(link.bytes_sent for link in self.links)
+
     # --- joining ------------------------------------------------------------------------------
-    def _await(self, kinds: tuple[str, ...], resend: tuple[str, dict] | None) -> tuple[str, dict, list[bytes]]:
-        """The job's next message of ``kinds`` (``refuse`` raises), sending ``resend`` every second meanwhile."""
-        deadline, last = time.monotonic() + self.link.timeout_s, 0.0
+    def _await(
+        self, kinds: tuple[str, ...], resend: tuple[str, dict] | None, link: JobLink | None = None
+    ) -> tuple[str, dict, list[bytes]]:
+        """The job's next message of ``kinds`` on ``link`` (default: the first; ``refuse`` raises), sending
+        ``resend`` every second meanwhile."""
+        link = link or self.link
+        deadline, last = time.monotonic() + link.timeout_s, 0.0
         while time.monotonic() < deadline and not self.stop.is_set():
             if resend is not None and time.monotonic() - last >= HELLO_EVERY_S:
                 last = time.monotonic()
-                self.link.send(*resend)
-            msg = self.link.recv(0.1)
+                link.send(*resend)
+            msg = link.recv(0.1)
             if msg is None:
                 continue
             if msg[0] == "refuse":
-                raise Refused(f"the job at {self.link.address} refused this sampler: {msg[1].get('reason')}")
+                raise Refused(f"the job at {link.address} refused this sampler: {msg[1].get('reason')}")
             if msg[0] == "end":
-                raise Refused(f"the job at {self.link.address} ended ({msg[1].get('reason')})")
+                raise Refused(f"the job at {link.address} ended ({msg[1].get('reason')})")
             if msg[0] in kinds:
                 return msg
         if self.stop.is_set():
             raise KeyboardInterrupt
         raise JobLost(
-            f"no job answered at {self.link.address} within {self.link.timeout_s:g} s (--connect_timeout): is "
+            f"no job answered at {link.address} within {link.timeout_s:g} s (--connect_timeout): is "
             "msf-train running there with --sampler_port, and does --sampler_key_file hold its key?"
         )
 
@@ -185,15 +210,35 @@ class SamplerNode:
         shape = wire.shape_hash(env_info_key(cfg), spaces, model, cfg)
         workers = f"{cfg.num_workers} workers x {cfg.num_envs_per_worker} envs"
         join = {"msf_version": msf.__version__, "env": cfg.env, "shape_hash": shape, "workers": workers}
-        self._join_header = join
-        self._accepted(self._await(("accept",), ("join", join))[1])
+        self.link.join_header = join
+        accept = self._await(("accept",), ("join", join))[1]
+        self._accepted(self.link, accept)
+        self._join_other_groups(accept, join)
         return cfg, spaces, model
 
-    def _accepted(self, header: dict) -> None:
+    def _join_other_groups(self, accept: dict, join: dict) -> None:
+        """Join every other device group the accept message names (group R at the port of group 0 + R)."""
+        group, groups = accept.get("group", 0), accept.get("groups", 1)
+        if not (isinstance(group, int) and isinstance(groups, int) and 0 <= group < groups <= 1024):
+            return
+        host, _, port = self.link.address.rpartition(":")
+        ip, _, _ = self.link.endpoint.rpartition(":")
+        for g in range(groups):
+            if g == group:
+                continue
+            p = int(port) - group + g
+            link = JobLink(f"{host}:{p}", f"{ip}:{p}", self.link.key, self.link.timeout_s)
+            link.join_header = join
+            self.links.append(link)
+            self._accepted(link, self._await(("accept",), ("join", join), link)[1])
+        log.info("sampler node: joined %d device group(s) of the job at %s", len(self.links), self.link.address)
+
+    @staticmethod
+    def _accepted(link: JobLink, header: dict) -> None:
         """The job's ``window`` (flow control, :mod:`msf.sampling.wire`); nothing sent before counts against it."""
         window = header.get("window")
-        self.window = window if isinstance(window, int) and window > 0 else 1
-        self.done = self.sent_trajectories
+        link.window = window if isinstance(window, int) and window > 0 else 1
+        link.done = link.sent
 
     # --- sampling -----------------------------------------------------------------------------
     def run(self) -> str:
@@ -227,62 +272,76 @@ class SamplerNode:
                 self._send_episodes()
                 if time.monotonic() - last_ping >= 1.0:
                     last_ping = time.monotonic()
-                    self.link.send("ping", {}, wait_s=0.0)
+                    for link in self.links:
+                        link.send("ping", {}, wait_s=0.0)
         except _Ended as e:
             return str(e.args[0])
         return "stopped"
 
     def close(self, reason: str) -> None:
         """Say bye (unless the job ended), stop the workers, close the socket."""
-        if reason == "stopped":
-            self.link.send("bye", {}, wait_s=0.5)
+        for link in self.links:
+            if reason == "stopped":
+                link.send("bye", {}, wait_s=0.5)
         if self.sampler is not None:
             self.sampler.close()
             stop_fork_server()
-        self.link.close()
+        for link in self.links:
+            link.close()
 
-    def _receive_until_weights(self) -> None:
+    def _receive_until_weights(self, link: JobLink | None = None) -> None:
         """The job sends its weights right after accepting: load them before any worker acts."""
-        _, header, payload = self._await(("weights",), None)
+        _, header, payload = self._await(("weights",), None, link)
         self._load_weights(header, payload)
 
     def _receive(self, timeout_s: float) -> str | None:
-        """Handle the job's messages; return its end reason when it ends.
+        """Handle the job's messages on every link; return its end reason when it ends.
 
         Raises:
-            JobLost: silent for ``--connect_timeout``. Refused: refused on a rejoin.
+            JobLost: a link silent for ``--connect_timeout``. Refused: refused on a rejoin.
         """
+        for link in self.links:
+            end = self._receive_on(link, timeout_s)
+            timeout_s = 0.0
+            if end is not None:
+                return end
+        return None
+
+    def _receive_on(self, link: JobLink, timeout_s: float) -> str | None:
         while True:
-            msg = self.link.recv(timeout_s)
+            msg = link.recv(timeout_s)
             timeout_s = 0.0
             if msg is None:
                 break
             kind, header, payload = msg
             if isinstance(header.get("done"), int):
-                self.done = max(self.done, header["done"])
+                link.done = max(link.done, header["done"])
             if kind == "end":
                 return str(header.get("reason"))
             if kind == "weights":
                 self._load_weights(header, payload)
             elif kind == "refuse":
-                raise Refused(f"the job at {self.link.address} refused this sampler: {header.get('reason')}")
+                raise Refused(f"the job at {link.address} refused this sampler: {header.get('reason')}")
             elif kind == "accept":  # a rejoin's
-                self._accepted(header)
+                self._accepted(link, header)
             elif kind == "config":  # a rejoin's: the job must still be the one this node samples for
-                self.link.send("join", self._join_header, wait_s=1.0)
-        silent = self.link.silent_for()
-        if silent >= self.link.timeout_s:
+                link.send("join", link.join_header, wait_s=1.0)
+        silent = link.silent_for()
+        if silent >= link.timeout_s:
             raise JobLost(
-                f"lost the job at {self.link.address}: nothing heard for {silent:.0f} s (--connect_timeout="
-                f"{self.link.timeout_s:g})"
+                f"lost the job at {link.address}: nothing heard for {silent:.0f} s (--connect_timeout="
+                f"{link.timeout_s:g})"
             )
         if silent >= SILENT_REJOIN_S:
-            self.link.send("hello", {"msf_version": msf.__version__}, wait_s=0.0)
+            link.send("hello", {"msf_version": msf.__version__}, wait_s=0.0)
         return None
 
     def _load_weights(self, header: dict, payload: list[bytes]) -> None:
+        """Load a policy's weights unless those loaded are as new (every group sends each version)."""
         p, version = header.get("policy"), header.get("version")
         if not isinstance(p, int) or not 0 <= p < len(self.weights) or not isinstance(version, int):
+            return
+        if version <= self.versions.get(p, -1):
             return
         state = self.model.state_dict()
         if len(payload) != len(state):
@@ -293,6 +352,7 @@ class SamplerNode:
             for t, raw in zip(state.values(), payload):
                 t.copy_(torch.from_numpy(np.frombuffer(raw, dtype=t.numpy().dtype).reshape(t.shape).copy()))
         self.weights[p].publish(self.model, version)
+        self.versions[p] = version
 
     def _send_trajectories(self) -> None:
         assert self.sampler is not None
@@ -308,22 +368,25 @@ class SamplerNode:
         for i in range(0, len(policies), step):
             part = {k: v[i : i + step] for k, v in batch.items()}
             n = len(policies[i : i + step])
-            self._await_credit(n)
-            header = {"policies": policies[i : i + step], "sent": self.sent_trajectories + n}
-            self._send_waiting("traj", header, wire.pack_trajectories(part, self.fields))
-            self.sent_trajectories += n
+            link = self._await_credit(n)
+            header = {"policies": policies[i : i + step], "sent": link.sent + n}
+            self._send_waiting(link, "traj", header, wire.pack_trajectories(part, self.fields))
+            link.sent += n
 
-    def _send_waiting(self, kind: str, header: dict, payload: list) -> None:
+    def _send_waiting(self, link: JobLink, kind: str, header: dict, payload: list) -> None:
         """Send, waiting while the job's queue is full (its back-pressure), reading its messages meanwhile."""
-        while not self.link.send(kind, header, payload, wait_s=0.1):
+        while not link.send(kind, header, payload, wait_s=0.1):
             end = self._receive(0.0)
             if end is not None or self.stop.is_set():
                 raise _Ended(end or "stopped")
 
-    def _await_credit(self, n: int) -> None:
-        """Wait until ``n`` more trajectories fit in the job's window (or none is in flight), reading its
-        messages meanwhile."""
-        while self.sent_trajectories > self.done and self.sent_trajectories + n - self.done > self.window:
+    def _await_credit(self, n: int) -> JobLink:
+        """The link (device group) with the most room in its window once ``n`` more trajectories fit there (or
+        it has none in flight), reading the job's messages meanwhile; on a tie the one least sent to."""
+        while True:
+            link = max(self.links, key=lambda k: (k.room(), -k.sent))
+            if link.room() >= n or link.sent == link.done:
+                return link
             end = self._receive(0.05)
             if end is not None or self.stop.is_set():
                 raise _Ended(end or "stopped")
@@ -342,7 +405,7 @@ class SamplerNode:
             lengths += map(int, s.lengths)
             policies += map(int, s.policies)
         if returns:
-            self._send_waiting("stats", {"returns": returns, "lengths": lengths, "policies": policies}, [])
+            self._send_waiting(self.link, "stats", {"returns": returns, "lengths": lengths, "policies": policies}, [])
 
 
 class _Ended(Exception):

@@ -56,25 +56,38 @@ def bind_address(cfg: Config) -> str:
 
 
 def check_sampler_port(cfg: Config) -> str | None:
-    """Why the sampler port cannot be listened on (one line naming the flag), or None: it can (then it is free
-    again: the device group binds it)."""
+    """Why a sampler port (``--sampler_port`` + R for device group R) cannot be listened on (one line naming the
+    flag), or None: they can (then they are free again: the device groups bind them)."""
     if not cfg.sampler_port:
         return None
     addr = bind_address(cfg)
-    try:
-        infos = socket.getaddrinfo(addr, cfg.sampler_port, type=socket.SOCK_STREAM)
-    except OSError as e:
-        return f"--sampler_bind: cannot resolve {addr!r}: {e}"
-    family, _, _, _, sockaddr = infos[0]
-    s = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(sockaddr)
-    except OSError as e:
-        return f"--sampler_port={cfg.sampler_port}: cannot listen on {addr}:{cfg.sampler_port}: {e.strerror or e}"
-    finally:
-        s.close()
+    for port in range(cfg.sampler_port, cfg.sampler_port + (cfg.nproc_per_node or 1)):
+        try:
+            infos = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)
+        except OSError as e:
+            return f"--sampler_bind: cannot resolve {addr!r}: {e}"
+        family, _, _, _, sockaddr = infos[0]
+        s = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(sockaddr)
+        except OSError as e:
+            return f"--sampler_port={cfg.sampler_port}: cannot listen on {addr}:{port}: {e.strerror or e}"
+        finally:
+            s.close()
     return None
+
+
+def _refusal(cfg: Config, shape_hash: str, kind: str, header: dict) -> str | None:
+    """Why a ``hello`` or ``join`` is refused (another msf version, env or shape), or None."""
+    version, why = header.get("msf_version"), None
+    if version != msf.__version__:
+        why = f"msf version {version}, the job runs {msf.__version__}"
+    elif kind == "join" and header.get("env") != cfg.env:
+        why = f"env {header.get('env')!r}, the job trains {cfg.env!r}"
+    elif kind == "join" and header.get("shape_hash") != shape_hash:
+        why = "what shapes its trajectories (env flags, spaces, model, rollout) differs from the job's"
+    return why
 
 
 @dataclass
@@ -109,6 +122,7 @@ class SamplerEndpoint:
         key: the HMAC key. shape_hash: :func:`~msf.sampling.wire.shape_hash` of the job.
         full_queue, stats_queue: where trajectories and episodes are announced (the training loop's inboxes).
         first_worker: the virtual worker index of source 0 (the group's rollout workers come first).
+        group, groups: its local rank, and the node's groups: it listens on port + group (accept names both).
 
     Raises:
         zmq.ZMQError: the port cannot be bound.
@@ -126,6 +140,7 @@ class SamplerEndpoint:
         full_queue: Outbox[FullTrajectories],
         stats_queue: Outbox[EpisodeStats],
         first_worker: int,
+        group_of: tuple[int, int] = (0, 1),
     ):
         self.cfg, self.spaces, self.weights, self.key, self.hash = cfg, spaces, weights, key, shape_hash
         self.window = derived.trajectories_per_iteration  # a sampler's trajectories in flight, at most (wire)
@@ -138,7 +153,8 @@ class SamplerEndpoint:
         self.sources: dict[bytes, Source] = {}
         self.refused: dict[str, str] = {}  # peers that never joined: why (the first reason)
         self.rejected_connections = 0  # connections that were not ZeroMQ peers (random bytes, a port scan)
-        self.address = f"{bind_address(cfg)}:{cfg.sampler_port}"
+        self.group = {"group": group_of[0], "groups": group_of[1]}
+        self.address = f"{bind_address(cfg)}:{cfg.sampler_port + group_of[0]}"
         self.started = time.monotonic()  # the clock of Source.joined_s and first_trajectory_s
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
@@ -163,7 +179,8 @@ class SamplerEndpoint:
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="sampler_endpoint", daemon=True)
         self._thread.start()
-        log.info("sampler nodes may join at %s (msf-sampler --connect=%s)", self.address, self.address)
+        join = f"{bind_address(cfg)}:{cfg.sampler_port}"  # group 0's: a node joins every group from there
+        log.info("sampler nodes may join at %s (msf-sampler --connect=%s)", self.address, join)
 
     # --- the loop's side ------------------------------------------------------------------------
     def connected(self) -> list[Source]:
@@ -330,14 +347,7 @@ class SamplerEndpoint:
             pass  # its queue is full (a credit: the next ping carries the same books)
 
     def _handshake(self, ident: bytes, name: str, kind: str, header: dict) -> None:
-        version = header.get("msf_version")
-        why = None
-        if version != msf.__version__:
-            why = f"msf version {version}, the job runs {msf.__version__}"
-        elif kind == "join" and header.get("env") != self.cfg.env:
-            why = f"env {header.get('env')!r}, the job trains {self.cfg.env!r}"
-        elif kind == "join" and header.get("shape_hash") != self.hash:
-            why = "what shapes its trajectories (env flags, spaces, model, rollout) differs from the job's"
+        why = _refusal(self.cfg, self.hash, kind, header)
         if why is not None:
             self.refused.setdefault(name, why)
             self._once(name, "refused", f"sampler node {name} refused: {why}")
@@ -354,7 +364,7 @@ class SamplerEndpoint:
             source.left, source.last_heard = False, time.monotonic()
         self.sources[ident] = source
         log.info("sampler node %s joined (source %d, %s)", name, source.index, source.workers)
-        self._reply(ident, "accept", {"version": self.weights[0].version, "window": self.window})
+        self._reply(ident, "accept", {"version": self.weights[0].version, "window": self.window, **self.group})
         self._send_weights(time.monotonic(), to=[source])
 
     def _trajectories(self, source: Source, header: dict, payload: list[bytes]) -> None:
