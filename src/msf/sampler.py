@@ -49,8 +49,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--sampler_key_file",
         default=None,
         metavar="FILE",
-        help="File holding the job's key (the job's TRAIN_DIR/EXPERIMENT/sampler.key); without it the job drops "
-        "every message of this node",
+        help="Required: the file holding the job's key (the job's TRAIN_DIR/EXPERIMENT/sampler.key, or the file "
+        "given to msf-train --sampler_key_file); the job drops every message not signed with it",
     )
     p.add_argument(
         "--connect_timeout",
@@ -105,12 +105,19 @@ def main(argv: list[str] | None = None) -> int:
             return error(f"--{name}: must be a positive integer, got {getattr(args, name)}", EXIT_REFUSED)
     if args.connect_timeout <= 0:
         return error(f"--connect_timeout: must be positive, got {args.connect_timeout}", EXIT_REFUSED)
+    if not args.sampler_key_file:
+        return error(
+            "--sampler_key_file: required: the job's key, the file msf-train wrote as TRAIN_DIR/EXPERIMENT/sampler.key "
+            "or the one it was given with --sampler_key_file (the job drops every message not signed with it)",
+            EXIT_REFUSED,
+        )
     try:
         endpoint = resolve(args.connect)
-        key = read_key(args.sampler_key_file) if args.sampler_key_file else b""
     except ValueError as e:
         return error(str(e), EXIT_REFUSED)
-    except OSError as e:
+    try:
+        key = read_key(args.sampler_key_file)
+    except (OSError, ValueError) as e:
         return error(f"--sampler_key_file: {e}", EXIT_REFUSED)
     setup_logging(None)
     remove_dead_runs_semaphores()  # those of a run or node of this machine that was killed (kill -9)
@@ -135,8 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         node.close(reason)
         signals.restore()
+    ending = "stopped here (Ctrl-C or SIGTERM)" if stop.is_set() else f"the job ended ({reason})"
     logging.getLogger("msf").info(
-        "sampler node: the job %s; %d trajectories sent (%d bytes)", reason, node.sent_trajectories, node.bytes_sent
+        "sampler node: %s; %d trajectories sent (%d bytes)", ending, node.sent_trajectories, node.bytes_sent
     )
     return EXIT_FAILED if reason == "failed" else EXIT_OK
 

@@ -117,7 +117,8 @@ def test_a_learner_fed_only_by_a_sampler_node_reaches_450(train_dir):
 
 
 def test_intruders_are_refused_in_one_line_each_and_the_job_trains_on_then_ctrl_c_ends_its_sampler(train_dir):
-    """Issue 37, number 6 and the first half of 5: a sampler without the key, one with another env, and random
+    """Issue 37, number 6 and the first half of 5: a sampler without a key file (refused at once), one with another
+    key, one with another env, and random
     bytes sent to the port are refused or dropped, one line each, while the learner trains on (with its own worker
     and a good sampler node); the port listens on the rendezvous address only; a Ctrl-C to the job ends the good
     node with exit 0 within 15 s."""
@@ -128,12 +129,17 @@ def test_intruders_are_refused_in_one_line_each_and_the_job_trains_on_then_ctrl_
     assert _listeners(port) == [f"127.0.0.1:{port}"]  # not every interface
     key = f"--sampler_key_file={train_dir}/e/sampler.key"
     good = sampler(port, key)
-    keyless = sampler(port, "--connect_timeout=4")
+    no_key = sampler(port)
+    wrong_key = train_dir / "wrong.key"
+    wrong_key.write_text(os.urandom(32).hex() + "\n")
+    keyless = sampler(port, "--connect_timeout=4", f"--sampler_key_file={wrong_key}")
     other_env = sampler(port, key, "--env=Acrobot-v1")
     for data in (os.urandom(2048), b"\xff" + os.urandom(2048)):
         with socket.create_connection(("127.0.0.1", port)) as s:
             s.sendall(data)
             time.sleep(0.3)
+    rn, _, en = communicate(no_key, timeout=60)
+    assert rn == 2 and en.strip().splitlines()[-1].startswith("msf-sampler: error: --sampler_key_file: required"), en
     rk, _, ek = communicate(keyless, timeout=60)
     ro, _, eo = communicate(other_env, timeout=60)
     assert rk == 1 and ek.strip().splitlines()[-1] == (

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 
 import pytest
@@ -66,3 +67,35 @@ def test_the_files_of_killed_vizdoom_engines_are_removed_and_no_others(tmp_path)
     removed = remove_engine_files([engine, ["sleep", "1000"]], shm_dir=str(tmp_path))
     assert sorted(removed) == ["ViZDoomMQCtrabc123", "ViZDoomMQDoomabc123", "ViZDoomSMabc123"]
     assert sorted(os.listdir(tmp_path)) == ["ViZDoomSMother1", "torch_1_2"]
+
+
+# a process that returned more slots to a worker than the worker read (a worker reads its free queue only when out of
+# slots: a batch of many trajectories returns many) must still exit once the sampler is closed
+_FLOODED_EXIT = """
+import sys
+from msf.cfg.arguments import parse_args
+from msf.cfg.config import Derived
+from msf.envs.registry import env_spaces
+from msf.model.actor_critic import ActorCritic
+from msf.sampling.messages import SlotsReturned
+from msf.sampling.plan import DeviceGroup
+from msf.sampling.process_sampler import ProcessSampler
+from msf.sampling.published_weights import PublishedWeights
+from msf.sampling.trajectory_buffer import TrajectoryBuffer
+
+cfg, _ = parse_args(["--env=CartPole-v1", "--num_workers=1", "--num_envs_per_worker=2", "--device=cpu"])
+derived, spaces = Derived.of(cfg), env_spaces(cfg.env)
+weights = PublishedWeights(ActorCritic(cfg, spaces))
+sampler = ProcessSampler(cfg, derived, spaces, DeviceGroup(TrajectoryBuffer.allocate(cfg, derived, spaces), [weights]))
+for _ in range(20000):  # far more than a pipe holds: its feeder thread blocks on the full pipe
+    sampler.free_queues[0].put(SlotsReturned(list(range(16))))
+sampler.close()
+print("closed", flush=True)
+"""
+
+
+def test_a_process_whose_returned_slots_were_never_read_exits_after_closing_its_sampler():
+    """The slots returned to a worker that never read them (its pipe full, the queue's feeder thread blocked) do not
+    keep the training process alive at its exit: ``ProcessSampler.close`` lets them go."""
+    r = subprocess.run([sys.executable, "-c", _FLOODED_EXIT], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "closed", r.stderr[-2000:]

@@ -155,6 +155,8 @@ def _message_nodes(rel: str, tree: ast.AST) -> list[ast.AST]:
             found.append(node.args[0])
         elif name == "print" and any(k.arg == "file" and ast.unparse(k.value) == "sys.stderr" for k in node.keywords):
             found += node.args[:1]
+        elif name == "_once" and rel in LOGGING_MODULES and len(node.args) == 3:  # the endpoint's once-per-node lines
+            found.append(node.args[2])
         elif name in ("warning", "error", "info") and rel in LOGGING_MODULES and node.args:
             found.append(node.args[0])
     if rel in LOGGING_MODULES:  # messages made by a function and logged by its caller

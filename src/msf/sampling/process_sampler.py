@@ -8,6 +8,7 @@ import queue
 import time
 from collections.abc import Mapping
 from multiprocessing.process import BaseProcess
+from typing import Any, cast
 
 from msf.cfg.config import Config, Derived
 from msf.envs.families import remove_engine_files
@@ -100,6 +101,8 @@ class ProcessSampler:
         self.stop_event.set()
         killed = reaping.stop_children(self.procs, describe=self._describe)
         remove_engine_files(killed.values())
+        for q in self.free_queues:  # slots returned to a worker that is gone: this process must not wait at its exit
+            cast(Any, q).cancel_join_thread()  # a feeder thread blocked on a full pipe nobody reads any more
 
     def sources(self, taken: Mapping[int, int], dropped: Mapping[int, int], rollout: int) -> None:
         return None  # every trajectory is this group's own

@@ -325,7 +325,11 @@ class RolloutWorker:
             self.close()
 
     def close(self) -> None:
-        """Close every env, even when one of them fails to (the first failure is raised after)."""
+        """Close every env, even when one of them fails to (the first failure is raised after). What this worker
+        still has to send is dropped at its exit rather than waited for: its reader may be gone or have stopped
+        reading, and a feeder thread blocked on a full pipe would keep the process alive."""
+        for q in (self.full_queue, self.stats_queue):
+            getattr(q, "cancel_join_thread", lambda: None)()  # a multiprocessing queue (not in one process)
         close_all(envs.close for envs in self.splits)
 
 
