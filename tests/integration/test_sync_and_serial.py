@@ -97,6 +97,7 @@ def test_serial_mode_combines_with_policies_models_and_sync(train_dir, extra):
         assert s["policy_lag_max_run"] == 0.0
 
 
+@pytest.mark.slow  # a learning run: the default suite keeps the shorter checks
 def test_serial_mode_reaches_450_on_cartpole_within_300k_steps(train_dir):
     """The README's small-env settings in one process. With a fixed thread count a serial run repeats on one
     machine; over seeds 0-3 it first reached 475 at 77,824 / 95,232 / 74,752 / 149,504 env steps and ended at 500

@@ -40,6 +40,7 @@ def test_five_step_episodes_train_exactly_in_every_autoreset_mode(train_dir):
         assert s["env_steps"] == s["env_steps_trained"] + s["env_steps_dropped"] + s["env_steps_discarded"], s
 
 
+@pytest.mark.slow  # a learning run: the default suite keeps the shorter checks
 def test_cartpoles_native_vector_env_trains(train_dir):
     """CartPole-v1's ``CartPoleVectorEnv`` (next-step autoreset, one numpy call for a split's envs) with the README's
     small-env settings: within 100k steps the mean return passes 150 (random play: ~22)."""
