@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import queue
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import gymnasium as gym
@@ -33,7 +33,7 @@ from msf.envs.device_env import make_device_env
 from msf.envs.registry import EnvSpaces, env_config_of
 from msf.sampling.messages import EpisodeStats, FullTrajectories, InferenceCounters, RolloutCounters, SlotsReturned
 from msf.sampling.plan import DeviceGroup
-from msf.sampling.protocol import ComponentFailed, Inbox, Outbox
+from msf.sampling.protocol import ComponentFailed, Inbox, Outbox, OwnSamples
 
 log = logging.getLogger("msf")
 
@@ -49,7 +49,7 @@ class Acting(Protocol):
     def policy_version(self) -> int: ...
 
 
-class DeviceSampler:
+class DeviceSampler(OwnSamples):
     """A :class:`~msf.sampling.protocol.Sampler`: one device env of ``cfg.num_envs_per_worker`` instances on
     ``group.device``, acted on by ``policies[0]``'s model in this process; ``group.buffer`` must live on that device
     (:meth:`TrajectoryBuffer.allocate` with ``device``). The env is made here, now; the group's torch random
@@ -81,8 +81,8 @@ class DeviceSampler:
         self.free = list(range(self.buffer.rewards.shape[0]))
         self.quota, self.since_release = derived.sync_rollouts, 0  # --async_rl=False: rollouts per iteration
         assert cfg.seed is not None, "launch.resolve() sets it"
-        torch.manual_seed(cfg.seed * 1_000_003 + self.first_env)
         seed = cfg.seed * 1_000_003 + self.first_env
+        torch.manual_seed(seed)
         config = env_config_of(cfg, group.first_worker, self.first_env, seed, self.rank)
         self.env = make_device_env(cfg, self.N, self.device, seed, config)
         self.rollout_wait[0].add_env("made", self.N)
@@ -218,9 +218,3 @@ class DeviceSampler:
 
     def close(self) -> None:
         self.env.close()
-
-    def sources(self, taken: Mapping[int, int], dropped: Mapping[int, int], rollout: int) -> None:
-        return None  # every trajectory is this group's own
-
-    def status_note(self, taken: Mapping[int, int], dropped: Mapping[int, int], rollout: int) -> str:
-        return ""

@@ -6,7 +6,6 @@ import dataclasses
 import logging
 import queue
 import time
-from collections.abc import Mapping
 from multiprocessing.process import BaseProcess
 from typing import Any, cast
 
@@ -18,13 +17,13 @@ from msf.runtime.affinity import usable_cores
 from msf.runtime.semaphore_records import record_semaphores
 from msf.sampling.inference_worker import inference_worker_main
 from msf.sampling.plan import DeviceGroup, WorkerPlan, plan_workers
-from msf.sampling.protocol import ComponentFailed
+from msf.sampling.protocol import ComponentFailed, OwnSamples
 from msf.sampling.rollout_worker import rollout_worker_main
 
 log = logging.getLogger("msf")
 
 
-class ProcessSampler:
+class ProcessSampler(OwnSamples):
     """A :class:`~msf.sampling.protocol.Sampler` whose workers (:func:`~msf.sampling.plan.plan_workers`) each run
     in a child process (:func:`~msf.runtime.spawning.spawn`), the inference workers first. They sample by
     themselves; the training loop only checks on them (:meth:`advance`).
@@ -103,12 +102,6 @@ class ProcessSampler:
         remove_engine_files(killed.values())
         for q in self.free_queues:  # slots returned to a worker that is gone: this process must not wait at its exit
             cast(Any, q).cancel_join_thread()  # a feeder thread blocked on a full pipe nobody reads any more
-
-    def sources(self, taken: Mapping[int, int], dropped: Mapping[int, int], rollout: int) -> None:
-        return None  # every trajectory is this group's own
-
-    def status_note(self, taken: Mapping[int, int], dropped: Mapping[int, int], rollout: int) -> str:
-        return ""
 
     def _describe(self, p: BaseProcess) -> str:
         """``rollout_worker_1 (pid N; envs 4-7 of CartPole-v1)``; an inference worker by its name and pid."""

@@ -152,6 +152,16 @@ class Sampler(Protocol):
         """What the status line adds about the sampling elsewhere ("" when there is none)."""
 
 
+class OwnSamples:
+    """The :class:`Sampler` methods of a sampler whose trajectories are all its group's own (no sampler node)."""
+
+    def sources(self, taken: Mapping[int, int], dropped: Mapping[int, int], rollout: int) -> None:
+        return None
+
+    def status_note(self, taken: Mapping[int, int], dropped: Mapping[int, int], rollout: int) -> str:
+        return ""
+
+
 class EnvSplit(Protocol):
     """The envs of one split of a rollout worker, stepped together (what :func:`msf.envs.vector.make_split`
     returns): ``n`` rows (``n`` envs times their agents).

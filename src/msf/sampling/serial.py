@@ -18,19 +18,19 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Mapping
 
 from msf.cfg.config import Config, Derived
 from msf.envs.registry import EnvSpaces
 from msf.envs.vector import close_all
 from msf.sampling.inference_worker import InferenceWorker
 from msf.sampling.plan import DeviceGroup, plan_workers
+from msf.sampling.protocol import OwnSamples
 from msf.sampling.rollout_worker import RolloutWorker
 
 log = logging.getLogger("msf")
 
 
-class SerialSampler:
+class SerialSampler(OwnSamples):
     """A :class:`~msf.sampling.protocol.Sampler`: a device group's workers (:func:`~msf.sampling.plan.plan_workers`)
     in this process, wired as in the parallel run. Its envs are made here, now.
 
@@ -113,9 +113,3 @@ class SerialSampler:
     def close(self) -> None:
         """Close every rollout worker's envs (the first failure is raised after all were tried)."""
         close_all(w.close for w in self.rollout)
-
-    def sources(self, taken: Mapping[int, int], dropped: Mapping[int, int], rollout: int) -> None:
-        return None  # every trajectory is this group's own
-
-    def status_note(self, taken: Mapping[int, int], dropped: Mapping[int, int], rollout: int) -> str:
-        return ""
