@@ -33,14 +33,39 @@ Weak-scaling efficiency: FPS of ``W`` groups over ``W`` times one group's with t
 The check: the model's prediction for what can be run here (1 group on 2 cores; 2 groups on 1 node; 2 "nodes" of
 one group each in two network namespaces), from the inputs above, against msf-train's measured FPS, in one run.
 
+Sampler nodes (``--sampler_nodes``, issue 37): the frames/s of one learner group fed by ``k`` sampler nodes of ``C``
+cores each, over a link of ``B`` MB/s, with ``sampler_nodes.py``'s workloads (its node's workers). Inputs, measured
+in this run:
+
+* ``node``: core-seconds per env step of the node's sampling (envs and inference: the sampler with its policy and
+  the node's workers, as in ``sampler_fps``), and the share of the cores it kept busy;
+* ``send``: the node's transport per env step, on one thread: copying a window of trajectories out of its buffer,
+  packing them and their HMAC (``wire.sign``); ``recv``: the job's, on one thread: checking the HMAC and every
+  field (``wire.verify``, ``wire.unpack_trajectories``) and copying them into the buffer;
+* ``bytes``: the signed message's bytes per env step; ``learner``: seconds of ``Learner.train`` per env step.
+
+The model: frames/s = frameskip x the lowest of three bounds, each an assumption:
+
+1. the nodes: ``k x C x busy / (node + send)`` (each node as busy as the sampler here, the transport on its cores);
+2. the learner group: ``1 / (learner + recv)``: the endpoint's thread shares the learner's process and its GIL, so
+   the two are serial (``learner`` is ``1 / --gpu_learner_sps`` on a GPU);
+3. the link: ``B / bytes`` (ZeroMQ's framing, TCP and the pings not counted).
+
+A node on the job's own ``C`` cores (the check, the runs of issue 37's number 7) shares them with the learner:
+``C x busy / (node + send + learner + recv)``, and the learner's bound. The check runs ``sampler_nodes.py``'s two
+arms (a learner fed by one node over loopback, and the all-local run) and prints the prediction against them.
+
 Usage: python benchmarks/scaling_model.py [--workload cartpole|atari_pong|doom_basic] [--seconds 30] [--warmup 15]
        [--gpu_learner_sps N] [--net_gbps G --net_latency_us U] [--device cpu|cuda] [--skip_check]
+       python benchmarks/scaling_model.py --sampler_nodes [--workload cartpole|atari_pong] [--link_mbps B]
+       [--gpu_learner_sps N] [--skip_check]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -307,6 +332,163 @@ def nodes_train_fps(flags: list[str], seconds: float, warmup: float, frames: int
     return (pts[-1][1] - pts[0][1]) / frames / (pts[-1][0] - pts[0][0])
 
 
+# --- sampler nodes ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class FedInputs:
+    """Per env step: what a learner group fed by sampler nodes costs (the module's docstring)."""
+
+    node_core_s: float  # core-seconds on a node: envs and inference
+    node_busy: float  # share of the node's cores its sampler kept busy
+    send_core_s: float  # the node's transport: copy out of its buffer, pack, HMAC
+    recv_core_s: float  # the job's: HMAC check, field checks, copy into its buffer
+    learner_s: float  # seconds of Learner.train, one thread
+    bytes_per_step: float  # the signed message's bytes
+    frames: int  # frames per env step
+
+
+def predict_fed(i: FedInputs, k: int, cores: float, link_mb_s: float, gpu_sps: float | None) -> tuple[float, str]:
+    """(frames/s of one learner group fed by ``k`` nodes of ``cores`` cores over a ``link_mb_s`` MB/s link, the
+    binding bound: ``nodes``, ``learner`` or ``link``)."""
+    learner = 1.0 / gpu_sps if gpu_sps else i.learner_s
+    bounds = {
+        "nodes": k * cores * i.node_busy / (i.node_core_s + i.send_core_s),
+        "learner": 1.0 / (learner + i.recv_core_s),
+        "link": link_mb_s * 1e6 / i.bytes_per_step,
+    }
+    which = min(bounds, key=bounds.__getitem__)
+    return bounds[which] * i.frames, which
+
+
+def predict_fed_shared(i: FedInputs, cores: float) -> float:
+    """Frames/s of a learner fed by one node on the same ``cores`` cores (the node and the learner share them)."""
+    shared = cores * i.node_busy / (i.node_core_s + i.send_core_s + i.learner_s + i.recv_core_s)
+    return min(shared, 1.0 / (i.learner_s + i.recv_core_s)) * i.frames
+
+
+def transport_costs(flags: list[str], seconds: float = 3.0) -> tuple[float, float, float]:
+    """(the node's and the job's core-seconds per env step for the transport, bytes per env step) of one message
+    of a window of trajectories (``trajectories_per_iteration``, at most a message's), each side timed on this
+    thread's CPU clock."""
+    import torch
+
+    from msf.cfg.arguments import parse_args
+    from msf.cfg.config import Derived
+    from msf.envs.families import apply_family_defaults
+    from msf.envs.registry import env_config_of, env_spaces
+    from msf.sampling import wire
+    from msf.sampling.trajectory_buffer import TrajectoryBuffer
+
+    cfg, given = parse_args(flags)
+    cfg = apply_family_defaults(cfg, given)
+    spaces = env_spaces(cfg.env, env_config_of(cfg))
+    derived = Derived.of(cfg, spaces.num_agents)
+    buffer = TrajectoryBuffer.allocate(cfg, derived, spaces)
+    fields = wire.trajectory_fields(TrajectoryBuffer.layout(cfg, derived, spaces))
+    views = buffer.numpy_views()
+    n = min(derived.trajectories_per_iteration, wire.MAX_TRAJECTORIES_PER_MESSAGE)
+    slots, key = torch.arange(n), os.urandom(wire.KEY_BYTES)
+    header = {"policies": [0] * n, "sent": n, "sampled": n, "seq": 1}
+
+    def per_step(work) -> float:
+        k, t0 = 0, time.process_time()
+        while time.process_time() - t0 < seconds or k < 3:
+            work()
+            k += 1
+        return (time.process_time() - t0) / (k * n * cfg.rollout)
+
+    def send() -> list[bytes]:
+        return wire.sign(key, "traj", header, wire.pack_trajectories(buffer.gather(slots), fields))
+
+    msg = send()
+
+    def receive() -> None:
+        _, h, payload = wire.verify(key, msg)
+        _, arrays = wire.unpack_trajectories(h, payload, fields, [0], spaces.num_actions, spaces.discrete)
+        for name, a in arrays.items():
+            views[name][slots.numpy()] = a
+
+    receive()  # the message passes the checks (a zero buffer: finite, version 0, action 0)
+    bytes_per_step = sum(map(len, msg)) / (n * cfg.rollout)
+    return per_step(send), per_step(receive), bytes_per_step
+
+
+def node_sampler_costs(flags: list[str], seconds: float, warmup: float) -> tuple[float, float]:
+    """(core-seconds per env step of the sampler with its policy and these workers, share of the cores busy)."""
+    costs: dict = {}
+    fps = sampler_fps(flags, seconds, warmup, breakdown=costs)
+    core_s = costs["all"][0] * 1e-6
+    return core_s, core_s * fps / len(os.sched_getaffinity(0))
+
+
+def sampler_nodes_main(a: argparse.Namespace) -> None:
+    """``--sampler_nodes``: measure the inputs, print the table and the check against issue 37's number 7."""
+    import sampler_nodes as sn
+
+    if a.workload not in sn.ENVS:
+        raise SystemExit(f"--sampler_nodes: --workload must be one of {sorted(sn.ENVS)}")
+    job_flags, (workers, envs), frames, _ = sn.ENVS[a.workload]  # frames: per env step (the frameskip)
+    node_flags = [*job_flags, f"--num_workers={workers}", f"--num_envs_per_worker={envs}"]
+    print("node flags:", " ".join(node_flags), flush=True)
+    send_s, recv_s, nbytes = transport_costs(node_flags)
+    node_s, busy = node_sampler_costs(node_flags, a.seconds, a.warmup)
+    learner_s = learner_seconds_per_step(node_flags, a.device)
+    i = FedInputs(node_s, busy, send_s, recv_s, learner_s, nbytes, frames)
+    print("\nInputs (per env step):")
+    print(f"  node sampling (envs + inference): {node_s * 1e6:,.1f} core-us, cores busy {busy:.2f}")
+    print(f"  node transport (copy, pack, HMAC): {send_s * 1e6:,.2f} core-us; job (HMAC, checks, copy): "
+          f"{recv_s * 1e6:,.2f} core-us")  # fmt: skip
+    print(f"  learner ({a.device}, one thread): {learner_s * 1e6:,.1f} us; {nbytes:,.1f} bytes ({nbytes / frames:,.1f} "
+          "per frame)")  # fmt: skip
+    gpu = a.gpu_learner_sps or math.inf
+    for learner_sps, learner_name in (
+        (None, f"this machine's learner on {a.device}"),
+        (gpu, f"a GPU learner of {gpu:,.0f} env steps/s" if gpu < math.inf else "a learner that keeps up"),
+    ):
+        print(f"\nOne learner group ({learner_name}) fed by k sampler nodes over {a.link_mbps:,.0f} MB/s: predicted "
+              "frames/s (binding bound)")  # fmt: skip
+        _fed_table(i, a.link_mbps, learner_sps)
+    if a.skip_check:
+        return
+    cores = len(os.sched_getaffinity(0))
+    predicted = predict_fed_shared(i, cores)
+    print(f"\nThe check: a learner fed by one node over loopback on the same {cores} cores (issue 37's number 7), "
+          "frames/s of the run (start-up included)")  # fmt: skip
+    print("| run | predicted | measured | measured / predicted |")
+    print("|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as td:
+        remote = sn.arm(a.workload, True, a.check_frames, td)
+        local = sn.arm(a.workload, False, a.check_frames, td)
+    print(f"| sampler node (this run) | {predicted:,.0f} | {remote['fps']:,} | {remote['fps'] / predicted:.2f} |")
+    print(f"| all-local (this run, for scale) | | {local['fps']:,} | |")
+    print(f"measured node / all-local: {remote['fps'] / local['fps']:.2f}; bytes per frame {remote['bytes_per_frame']}")
+    recorded = _recorded_fed_runs(a.workload)
+    for r in recorded:
+        print(f"| recorded: {r['arm']}, round {r['round']} (another invocation) | {predicted:,.0f} | "
+              f"{r['frames_per_s']:,} | {r['frames_per_s'] / predicted:.2f} |")  # fmt: skip
+
+
+def _fed_table(i: FedInputs, link_mb_s: float, gpu_sps: float | None) -> None:
+    node_cores = (8, 16, 32, 64)
+    print("| k nodes | " + " | ".join(f"{c} cores each" for c in node_cores) + " |")
+    print("|---|" + "---|" * len(node_cores))
+    for k in (1, 2, 4, 8, 16, 32):
+        cells = [predict_fed(i, k, c, link_mb_s, gpu_sps) for c in node_cores]
+        print(f"| {k} | " + " | ".join(f"{fps:,.0f} ({which})" for fps, which in cells) + " |")
+
+
+def _recorded_fed_runs(workload: str) -> list[dict]:
+    """The sampler-node rows of ``results/<workload>.json``'s ``sampler_node_transport`` table (none: [])."""
+    path = os.path.join(HERE, "results", f"{workload}.json")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        tables = json.load(f).get("tables", [])
+    rows = next((t["rows"] for t in tables if t.get("id") == "sampler_node_transport"), [])
+    return [r for r in rows if r["arm"].startswith("sampler node")]
+
+
 # --- printing -----------------------------------------------------------------------------------------------
 
 
@@ -351,6 +533,9 @@ def main() -> None:
     ap.add_argument("--net_gbps", type=float, default=None, help="model the network as this many Gbit/s ...")
     ap.add_argument("--net_latency_us", type=float, default=None, help="... with this latency (default: the veth)")
     ap.add_argument("--skip_check", action="store_true", help="no msf-train runs of 2 groups and 2 nodes")
+    ap.add_argument("--sampler_nodes", action="store_true", help="the model of a learner fed by sampler nodes")
+    ap.add_argument("--link_mbps", type=float, default=1250.0, help="sampler nodes' link, MB/s (10 Gbit/s)")
+    ap.add_argument("--check_frames", type=int, default=100_000, help="frames of each sampler-node check run")
     ap.add_argument("--_allreduce_rank", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--_addr", default="127.0.0.1", help=argparse.SUPPRESS)
     ap.add_argument("--_port", type=int, default=0, help=argparse.SUPPRESS)
@@ -358,6 +543,9 @@ def main() -> None:
     a = ap.parse_args()
     if a._allreduce_rank is not None:
         _allreduce_rank(a._allreduce_rank, a._addr, a._port, list(SIZES), a._reps)
+        return
+    if a.sampler_nodes:
+        sampler_nodes_main(a)
         return
 
     flags, frames = workload_flags(a.workload)

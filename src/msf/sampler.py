@@ -144,7 +144,11 @@ def main(argv: list[str] | None = None) -> int:
         signals.restore()
     ending = "stopped here (Ctrl-C or SIGTERM)" if stop.is_set() else f"the job ended ({reason})"
     logging.getLogger("msf").info(
-        "sampler node: %s; %d trajectories sent (%d bytes)", ending, node.sent_trajectories, node.bytes_sent
+        "sampler node: %s; %d trajectories sent (%d bytes) of %d sampled",
+        ending,
+        node.sent_trajectories,
+        node.bytes_sent,
+        node.sampled,
     )
     return EXIT_FAILED if reason == "failed" else EXIT_OK
 

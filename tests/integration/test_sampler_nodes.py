@@ -88,6 +88,20 @@ def node_sent(err: str) -> int:
     return int(re.search(r"(\d+) trajectories sent", err).group(1))  # type: ignore[union-attr]
 
 
+def node_sampled(err: str) -> int:
+    """The trajectories a sampler node says it took from its workers, from its last line."""
+    return int(re.search(r"trajectories sent \(\d+ bytes\) of (\d+) sampled", err).group(1))  # type: ignore[union-attr]
+
+
+def last_points(exp_dir: Path) -> dict[str, float]:
+    """Each TensorBoard scalar's last value in the run's event files."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(exp_dir / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: acc.Scalars(tag)[-1].value for tag in acc.Tags()["scalars"]}
+
+
 @pytest.mark.slow
 def test_a_learner_fed_only_by_a_sampler_node_reaches_450(train_dir):
     """Issue 37, number 1: CartPole-v1, the learner at --num_workers=0 and one sampler node: mean return >= 450
@@ -223,8 +237,10 @@ def test_a_killed_sampler_node_costs_its_trajectories_in_flight_and_a_late_one_i
     """Issue 37, numbers 3 and 4: a learner at --num_workers=0 fed by one sampler node, which is SIGKILLed (its
     whole session: the machine lost): the job counts it as gone, says that it waits, and resumes when a second node
     joins 20 s after the start; that node's first trajectories enter the buffer within 10 s of its join and are
-    trained on. The books close per source and in total, the run ends done, and nothing of the killed node is left
-    in /dev/shm (the second node's start removes what the killed one recorded)."""
+    trained on. The books close per source and in total, from what each node reported it sampled down to what was
+    trained, dropped or lost in flight; TensorBoard's last points show them as summary.json does; the run ends done,
+    and nothing of the killed node is left in /dev/shm (the second node's start removes what the killed one
+    recorded)."""
     port = free_port()
     log = train_dir / "kill" / "log.txt"
     j = job(train_dir, "kill", port, [*SMALL, "--num_workers=0", "--train_for_seconds=50"])
@@ -254,9 +270,32 @@ def test_a_killed_sampler_node_costs_its_trajectories_in_flight_and_a_late_one_i
     assert second["joined_at_s"] >= 20 - SLACK_S / 10
     assert 0 <= second["first_trajectory_at_s"] - second["joined_at_s"] <= 10, second
     for v in (first, second):
+        assert v["env_steps_sampled"] == v["env_steps_sent"] + v["env_steps_lost_in_flight"]
         assert v["env_steps_sent"] == v["env_steps_received"] + v["env_steps_rejected"] + v["env_steps_lost"]
         assert v["env_steps_received"] == v["env_steps_kept"] + v["env_steps_dropped"] + v["env_steps_pending"]
     assert first["env_steps_rejected"] == second["env_steps_rejected"] == 0
+    # the killed node cost at most what it had in flight: its window (an iteration: 4 trajectories) and what its
+    # workers had finished and it had not sent yet (a split's 2), with room to spare
+    assert first["env_steps_sampled"] >= first["env_steps_received"] > 0
+    assert first["env_steps_lost"] + first["env_steps_lost_in_flight"] <= 16 * ROLLOUT, first
+    # the second node's own count at its end: what it last reported, and at most its window and a split since
+    assert 0 <= node_sampled(eb) * ROLLOUT - second["env_steps_sampled"] <= 16 * ROLLOUT, (second, eb[-500:])
+    total = s["sampler_nodes"]["total"]
+    assert total["env_steps_sampled"] == first["env_steps_sampled"] + second["env_steps_sampled"]
+    assert total["env_steps_kept"] + total["env_steps_dropped"] == s["env_steps"]
+    # the status line's lost in flight: the gone node's, frozen since it went
+    note = re.findall(r"sampler nodes 1: \d+ steps received, \d+ dropped, (\d+) lost in flight", text)
+    assert int(note[-1]) == first["env_steps_lost"] + first["env_steps_lost_in_flight"], note
+    # TensorBoard: the last points of the gone node are its final books; the connected one's dropped steps were
+    # final when the loop ended (its received steps went on until the endpoint closed)
+    tb = last_points(train_dir / "kill")
+    a_name, b_name = (n for n, v in sorted(s["sampler_nodes"]["sources"].items(), key=lambda i: i[1]["joined_at_s"]))
+    assert tb["sampler_nodes/connected"] == s["sampler_nodes"]["connected"] == 1
+    for k in ("env_steps_received", "env_steps_dropped", "env_steps_lost_in_flight"):
+        assert tb[f"sampler_nodes/{a_name}/{k}"] == first[k], k
+    assert tb[f"sampler_nodes/{a_name}/policy_lag_mean"] == pytest.approx(first["policy_lag_mean"], rel=1e-6)
+    assert tb[f"sampler_nodes/{b_name}/env_steps_dropped"] == second["env_steps_dropped"]
+    assert 0 < tb[f"sampler_nodes/{b_name}/env_steps_received"] <= second["env_steps_received"]
     # every env step counted came from the two nodes, and was trained on, dropped or discarded at the end
     assert s["env_steps"] == sum(v["env_steps_kept"] + v["env_steps_dropped"] for v in (first, second))
     assert s["env_steps_trained"] + s["env_steps_dropped"] + s["env_steps_discarded"] == s["env_steps"]

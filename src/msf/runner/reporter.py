@@ -26,6 +26,7 @@ from msf.learning.learner import Learner
 from msf.persistence.summaries import Progress, RecentRate, TensorBoardSummaries
 from msf.persistence.train_state import PolicyState, TrainState
 from msf.sampling.messages import InferenceCounters, RolloutCounters
+from msf.sampling.remote_sampler import tensorboard_scalars
 
 log = logging.getLogger("msf")
 
@@ -366,6 +367,7 @@ class Reporter:
             "perf/dropped_trajectories": self.state.dropped_trajectories,
             **{f"perf/wait_share_{k}": v for k, v in zip(_STAGES, gs["wait_shares"])},
             "perf/inference_batch_size": float(np.mean(inf)) if inf else None,
+            **tensorboard_scalars(self.sampler_nodes()),
         }
         for p, (learner, pr, ps) in enumerate(zip(self.learners, self.policies, gs["policies"])):
             pre = "" if p == 0 else f"p{p}/"  # policy 0's curves keep the names of a one-policy run

@@ -160,6 +160,9 @@ class SamplerNode:
         self.links = [link]  # one per device group of the job, the one ``--connect`` names first
         self.versions: dict[int, int] = {}  # per policy, the version of the weights loaded
         self.sampler: ProcessSampler | None = None
+        self.sampled = 0  # trajectories taken from this node's workers
+        self.unsent = 0  # of those, not yet sent on any link
+        self.last_ping = 0.0
 
     @property
     def sent_trajectories(self) -> int:
@@ -261,7 +264,6 @@ class SamplerNode:
         log.info("sampler node: %d rollout worker(s) x %d envs of %s for %s", cfg.num_workers,
                  cfg.num_envs_per_worker, cfg.env, self.link.address)  # fmt: skip
         self.sampler = ProcessSampler(cfg, derived, spaces, DeviceGroup(buffer, weights))
-        last_ping = 0.0
         try:
             while not self.stop.is_set():
                 self.sampler.advance()
@@ -270,10 +272,7 @@ class SamplerNode:
                     return end
                 self._send_trajectories()
                 self._send_episodes()
-                if time.monotonic() - last_ping >= 1.0:
-                    last_ping = time.monotonic()
-                    for link in self.links:
-                        link.send("ping", {}, wait_s=0.0)
+                self._ping()
         except _Ended as e:
             return str(e.args[0])
         return "stopped"
@@ -282,7 +281,7 @@ class SamplerNode:
         """Say bye (unless the job ended), stop the workers, close the socket."""
         for link in self.links:
             if reason == "stopped":
-                link.send("bye", {}, wait_s=0.5)
+                link.send("bye", {"sampled": self._sampled(link)}, wait_s=0.5)
         if self.sampler is not None:
             self.sampler.close()
             stop_fork_server()
@@ -364,14 +363,30 @@ class SamplerNode:
         batch = self.buffer.gather(slots)
         policies = self.buffer.slot_policy.index_select(0, slots).tolist()
         self.sampler.free_queues[msg.worker].put(SlotsReturned(msg.slots))  # copied: the worker may write them again
+        self.sampled += len(policies)
+        self.unsent += len(policies)
         step = wire.MAX_TRAJECTORIES_PER_MESSAGE
         for i in range(0, len(policies), step):
             part = {k: v[i : i + step] for k, v in batch.items()}
             n = len(policies[i : i + step])
             link = self._await_credit(n)
-            header = {"policies": policies[i : i + step], "sent": link.sent + n}
+            header = {"policies": policies[i : i + step], "sent": link.sent + n, "sampled": self._sampled(link, n)}
             self._send_waiting(link, "traj", header, wire.pack_trajectories(part, self.fields))
             link.sent += n
+            self.unsent -= n
+
+    def _sampled(self, link: JobLink, sending: int = 0) -> int:
+        """The trajectories this node counts against ``link`` (the wire's ``sampled``): those sent on it, with
+        ``sending`` more about to be; on the first link also those taken from the workers and not yet sent on any
+        (a job of one device group: every trajectory the node sampled)."""
+        return link.sent + sending + (self.unsent - sending if link is self.link else 0)
+
+    def _ping(self) -> None:
+        """Every second, a ping on every link: a sign of life, with the node's books (``sampled``)."""
+        if time.monotonic() - self.last_ping >= 1.0:
+            self.last_ping = time.monotonic()
+            for link in self.links:
+                link.send("ping", {"sampled": self._sampled(link)}, wait_s=0.0)
 
     def _send_waiting(self, link: JobLink, kind: str, header: dict, payload: list) -> None:
         """Send, waiting while the job's queue is full (its back-pressure), reading its messages meanwhile."""
@@ -387,6 +402,7 @@ class SamplerNode:
             link = max(self.links, key=lambda k: (k.room(), -k.sent))
             if link.room() >= n or link.sent == link.done:
                 return link
+            self._ping()  # the job hears from it while the learner is the slower side
             end = self._receive(0.05)
             if end is not None or self.stop.is_set():
                 raise _Ended(end or "stopped")
@@ -405,7 +421,8 @@ class SamplerNode:
             lengths += map(int, s.lengths)
             policies += map(int, s.policies)
         if returns:
-            self._send_waiting(self.link, "stats", {"returns": returns, "lengths": lengths, "policies": policies}, [])
+            stats = {"returns": returns, "lengths": lengths, "policies": policies, "sampled": self._sampled(self.link)}
+            self._send_waiting(self.link, "stats", stats, [])
 
 
 class _Ended(Exception):

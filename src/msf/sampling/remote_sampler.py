@@ -12,6 +12,10 @@ from msf.sampling.messages import SlotsReturned
 from msf.sampling.protocol import ComponentFailed, Outbox, Sampler
 from msf.sampling.sampler_endpoint import SamplerEndpoint
 
+# a source's books (agent steps), summed in sampler_nodes' total
+_BOOKS = ("sampled", "lost_in_flight", "sent", "received", "rejected", "lost", "kept", "dropped", "pending")
+_STEPS = tuple(f"env_steps_{k}" for k in _BOOKS)
+
 
 class _FreeQueues(Sequence[Outbox[SlotsReturned]]):
     """The batcher's ``free_queues``: rollout worker ``w``'s below ``len(local)``, the endpoint's above (one per
@@ -76,21 +80,27 @@ class RemoteSampler:
 
     def sources(self, taken: Mapping[int, int], dropped: Mapping[int, int], rollout: int) -> dict:
         """``summary.json``'s ``sampler_nodes``: how many joined and are connected, the connections refused, and
-        per source its books in agent steps: ``sent = rejected + lost + received`` and ``received = kept +
-        dropped + pending`` (``taken``, ``dropped``: the batcher's trajectories by virtual worker; ``kept`` were
-        taken for training, the last of them discarded at the run's end as the total's ``env_steps_discarded``
-        counts; ``pending``: still in the buffer at the end); ``joined_at_s`` and ``first_trajectory_at_s``: when
-        it first joined and when its first trajectory entered the buffer, in seconds since the endpoint began
-        listening."""
+        per source its books in agent steps: ``sampled = sent + lost_in_flight``, ``sent = rejected + lost +
+        received`` and ``received = kept + dropped + pending`` (``sampled``: as the node last reported, at least
+        what it sent; ``lost_in_flight``: what the job never heard of being sent, lost with a node that is gone,
+        or still on its way at the run's end; ``lost``: gaps in what arrived; ``taken``, ``dropped``: the
+        batcher's trajectories by virtual worker; ``kept`` were taken for training, the last of them discarded at
+        the run's end as the total's ``env_steps_discarded`` counts; ``pending``: still in the buffer at the
+        end); ``joined_at_s`` and ``first_trajectory_at_s``: when it first joined and when its first trajectory
+        entered the buffer, in seconds since the endpoint began listening. ``total``: every ``env_steps_`` count
+        summed over the sources."""
         e = self.endpoint
         per = {}
         for s in list(e.sources.values()):
             w = e.first_worker + s.index
             t, d = taken.get(w, 0), dropped.get(w, 0)
+            sent = max(s.sent, s.received + s.rejected)
             per[s.name] = {
                 "connected": not s.left,
                 "workers": s.workers,
-                "env_steps_sent": max(s.sent, s.received + s.rejected) * rollout,
+                "env_steps_sampled": max(s.sampled, sent) * rollout,
+                "env_steps_lost_in_flight": max(0, s.sampled - sent) * rollout,
+                "env_steps_sent": sent * rollout,
                 "env_steps_received": s.received * rollout,
                 "env_steps_rejected": s.rejected * rollout,
                 "env_steps_lost": max(0, s.sent - s.received - s.rejected) * rollout,
@@ -110,11 +120,29 @@ class RemoteSampler:
             "refused": dict(e.refused),
             "rejected_connections": e.rejected_connections,
             "sources": per,
+            "total": {k: sum(v[k] for v in per.values()) for k in _STEPS},
         }
 
     def status_note(self, taken: Mapping[int, int], dropped: Mapping[int, int], rollout: int) -> str:
-        """The status line's part: ``sampler nodes N: frames received, dropped``."""
+        """The status line's part: ``sampler nodes N: steps received, dropped (stale or rejected), lost in flight
+        (with the nodes that are gone)``."""
         s = self.sources(taken, dropped, rollout)
-        received = sum(v["env_steps_received"] for v in s["sources"].values())
-        lost = sum(v["env_steps_dropped"] + v["env_steps_rejected"] for v in s["sources"].values())
-        return f" | sampler nodes {s['connected']}: {received} steps received, {lost} dropped"
+        t, gone = s["total"], [v for v in s["sources"].values() if not v["connected"]]
+        lost = sum(v["env_steps_lost"] + v["env_steps_lost_in_flight"] for v in gone)
+        return (
+            f" | sampler nodes {s['connected']}: {t['env_steps_received']} steps received, "
+            f"{t['env_steps_dropped'] + t['env_steps_rejected']} dropped, {lost} lost in flight"
+        )
+
+
+def tensorboard_scalars(nodes: dict | None) -> dict[str, float | None]:
+    """TensorBoard's points of ``nodes`` (:meth:`RemoteSampler.sources`; None: no sampler nodes, no points):
+    ``sampler_nodes/connected``, and per source ``sampler_nodes/NAME/``: agent steps received, dropped (stale) and
+    lost in flight, and its trajectories' mean policy lag at arrival (None before the first)."""
+    if nodes is None:
+        return {}
+    scalars: dict[str, float | None] = {"sampler_nodes/connected": nodes["connected"]}
+    for name, v in nodes["sources"].items():
+        for k in ("env_steps_received", "env_steps_dropped", "env_steps_lost_in_flight", "policy_lag_mean"):
+            scalars[f"sampler_nodes/{name}/{k}"] = v[k]
+    return scalars

@@ -99,6 +99,7 @@ class Source:
     ident: bytes = b""  # its ZeroMQ routing id
     seq: int = 0  # the last message sequence number taken from it
     sent: int = 0  # trajectories it says it has sent (the newest trajectory message's count)
+    sampled: int = 0  # trajectories it counts against this group, sent or not (its newest message's count)
     received: int = 0  # written into the buffer and announced
     taken: int = 0  # of those, copied out of the buffer by the learner (their slots came back)
     rejected: int = 0  # in messages that failed their checks
@@ -110,6 +111,15 @@ class Source:
     workers: str = ""
     joined_s: float = 0.0  # when it first joined, in seconds since the endpoint began listening
     first_trajectory_s: float | None = None  # when its first trajectory entered the buffer (same clock)
+
+    def note_books(self, header: dict) -> None:
+        """Take the sampler's own counts from a message's header (:mod:`~msf.sampling.wire`'s ``sent`` and
+        ``sampled``; what is not an int is ignored)."""
+        sent, sampled = header.get("sent"), header.get("sampled")
+        if isinstance(sent, int):
+            self.sent = max(self.sent, sent)
+        if isinstance(sampled, int):
+            self.sampled = sampled
 
 
 class SamplerEndpoint:
@@ -331,6 +341,7 @@ class SamplerEndpoint:
             return
         source.seq = seq
         source.bytes += sum(map(len, frames))
+        source.note_books(header)
         if kind == "traj":
             self._trajectories(source, header, payload)
         elif kind == "stats":
@@ -369,9 +380,6 @@ class SamplerEndpoint:
 
     def _trajectories(self, source: Source, header: dict, payload: list[bytes]) -> None:
         versions = [w.version for w in self.weights]
-        sent = header.get("sent")
-        if isinstance(sent, int):
-            source.sent = max(source.sent, sent)
         try:
             policies, arrays = wire.unpack_trajectories(
                 header, payload, self.fields, versions, self.spaces.num_actions, self.spaces.discrete

@@ -13,18 +13,24 @@ config      job -> sampler   ``msf_version``, ``config`` (the job's flags), ``sp
 join        sampler -> job   ``msf_version``, ``env``, ``shape_hash`` (:func:`shape_hash` of what it runs)
 accept      job -> sampler   ``version`` (policy 0's version now), ``window`` (see ``done`` below)
 refuse      job -> sampler   ``reason`` (one line; the sampler exits 2)
-traj        sampler -> job   ``seq``, ``policies`` ``[n]`` (the fields of :func:`trajectory_fields`, n rows each)
-stats       sampler -> job   ``seq``, ``returns``, ``lengths``, ``policies`` (finished episodes)
-ping        both ways        ``seq`` (a sign of life when there is nothing else to send); the job's: ``done``
+traj        sampler -> job   ``seq``, ``sent``, ``sampled``, ``policies`` ``[n]`` (the fields of
+                             :func:`trajectory_fields`, n rows each)
+stats       sampler -> job   ``seq``, ``sampled``, ``returns``, ``lengths``, ``policies`` (finished episodes)
+ping        both ways        ``seq`` (a sign of life); the sampler's: ``sampled``; the job's: ``done``
 credit      job -> sampler   ``done``: this sampler's trajectories the job has accounted for (taken from its
                              buffer by the learner, rejected, or lost before a later one arrived)
 weights     job -> sampler   ``policy``, ``version`` (the policy's ``state_dict`` tensors, in order)
-bye         sampler -> job   ``seq`` (the sampler stops)
+bye         sampler -> job   ``seq``, ``sampled`` (the sampler stops)
 end         job -> sampler   ``reason`` (``done``, ``stopped`` or ``failed``; the sampler exits 0)
 ==========  ===============  ===========================================================================
 
 ``seq`` counts a sampler's messages (1, 2, ...): the job drops one whose ``seq`` is not above the last it took
 from that sampler (a replayed message).
+
+A sampler's books: ``sent`` counts the trajectories it sent to this device group, those of this message included;
+``sampled`` those it counts against the group: ``sent``, and (to the group it joined first) those its workers
+finished that it has not sent yet. The job keeps the newest ``sampled``: what it never received of them is lost in
+flight (with a sampler that is gone, or at the run's end).
 
 Flow control: a sampler keeps at most ``window`` trajectories sent and not yet ``done`` (the job's
 ``trajectories_per_iteration``), so that what it sends waits in the queues of ZeroMQ, the kernel and the job's
