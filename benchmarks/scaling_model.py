@@ -68,6 +68,7 @@ Usage: python benchmarks/scaling_model.py [--workload cartpole|atari_pong|doom_b
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -79,9 +80,11 @@ from dataclasses import dataclass
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "helpers"))  # netns
 os.environ["PYTHONPATH"] = HERE + os.pathsep + os.environ.get("PYTHONPATH", "")
 
 from families import WORKLOADS  # noqa: E402
+from netns import veth_pair  # noqa: E402
 from throughput import SF_CARTPOLE, allreduce_median_s, process_tree_costs, sampler_fps  # noqa: E402
 
 ZERO = ["--encoder_custom=zero_policy:zero"]
@@ -266,72 +269,46 @@ def _allreduce_rank(rank: int, addr: str, port: int, sizes: list[int], reps: int
     print(json.dumps(out), flush=True)
 
 
-def _netns(tag: str) -> tuple[list[str], list[str], list[str]]:
-    ns, veth, addrs = [f"msfsm{tag}a", f"msfsm{tag}b"], [f"msv{tag}a", f"msv{tag}b"], ["10.231.9.1", "10.231.9.2"]
-
-    def ip(*a: str) -> None:
-        subprocess.run(["ip", *a], check=True, capture_output=True)
-
-    for n in ns:
-        ip("netns", "add", n)
-    ip("link", "add", veth[0], "type", "veth", "peer", "name", veth[1])
-    for n, v, a in zip(ns, veth, addrs):
-        ip("link", "set", v, "netns", n)
-        ip("-n", n, "addr", "add", f"{a}/24", "dev", v)
-        ip("-n", n, "link", "set", v, "up")
-        ip("-n", n, "link", "set", "lo", "up")
-    return ns, veth, addrs
-
-
-def _drop_netns(ns: list[str]) -> None:
-    for n in ns:
-        subprocess.run(["ip", "netns", "del", n], capture_output=True)
-
-
 def allreduce_curve(netns: bool, reps: int = 30) -> dict[int, float]:
     """Seconds of one 2-rank gloo all-reduce per size in ``SIZES`` (float32 values): over loopback, or over a
     veth pair between two network namespaces (needs root)."""
-    tag = str(os.getpid() % 10000)
-    ns: list[str] = []
     port = 29600 + os.getpid() % 300
-    try:
-        if netns:
-            ns, veth, addrs = _netns(tag)
+    with veth_pair("msfsm", "10.231.9") if netns else contextlib.nullcontext() as pair:
         procs = []
         for r in range(2):
-            prefix = ["ip", "netns", "exec", ns[r]] if netns else []
-            env = {**os.environ, **({"GLOO_SOCKET_IFNAME": veth[r]} if netns else {})}
-            cmd = [sys.executable, __file__, "--_allreduce_rank", str(r), "--_addr", addrs[0] if netns else "127.0.0.1"]
+            prefix = pair.prefix(r) if pair else []
+            env = {**os.environ, **({"GLOO_SOCKET_IFNAME": pair.veth[r]} if pair else {})}
+            cmd = [
+                sys.executable,
+                __file__,
+                "--_allreduce_rank",
+                str(r),
+                "--_addr",
+                pair.addrs[0] if pair else "127.0.0.1",
+            ]
             cmd += ["--_port", str(port), "--_reps", str(reps)]
             procs.append(subprocess.Popen(prefix + cmd, stdout=subprocess.PIPE, text=True, env=env))
         outs = [json.loads(p.communicate(timeout=600)[0].strip().splitlines()[-1]) for p in procs]
-    finally:
-        _drop_netns(ns)
     return {int(k): max(o[k] for o in outs) for k in outs[0]}
 
 
 def nodes_train_fps(flags: list[str], seconds: float, warmup: float, frames: int) -> float:
     """Env steps/s of 2 "nodes" of one device group each, in two network namespaces over a veth pair (rank 0's
     summaries, over ``seconds`` after ``warmup``)."""
-    tag = str(os.getpid() % 10000)
-    ns, veth, addrs = _netns(tag)
     port = 29900 + os.getpid() % 90
-    try:
-        with tempfile.TemporaryDirectory() as td:
-            procs = []
-            for node in range(2):
-                cmd = ["ip", "netns", "exec", ns[node], sys.executable, "-m", "msf.train", *flags]
-                cmd += ["--experiment=nodes", f"--train_dir={td}/node{node}", "--nnodes=2", f"--node_rank={node}"]
-                cmd += [f"--hosts={addrs[0]},{addrs[1]}", f"--master_port={port}", "--with_progress_bar=False"]
-                cmd += [f"--train_for_seconds={int(warmup + seconds + 10)}", "--experiment_summaries_interval=1"]
-                env = {**os.environ, "GLOO_SOCKET_IFNAME": veth[node]}
-                procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env))
-            t_start = time.time()
-            for p in procs:
-                p.wait(timeout=warmup + seconds + 300)
-            points = _tb_steps(os.path.join(td, "node0", "nodes", "tensorboard"))
-    finally:
-        _drop_netns(ns)
+    with veth_pair("msfsm", "10.231.9") as pair, tempfile.TemporaryDirectory() as td:
+        procs = []
+        for node in range(2):
+            cmd = [*pair.prefix(node), sys.executable, "-m", "msf.train", *flags]
+            cmd += ["--experiment=nodes", f"--train_dir={td}/node{node}", "--nnodes=2", f"--node_rank={node}"]
+            cmd += [f"--hosts={pair.addrs[0]},{pair.addrs[1]}", f"--master_port={port}", "--with_progress_bar=False"]
+            cmd += [f"--train_for_seconds={int(warmup + seconds + 10)}", "--experiment_summaries_interval=1"]
+            env = {**os.environ, "GLOO_SOCKET_IFNAME": pair.veth[node]}
+            procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env))
+        t_start = time.time()
+        for p in procs:
+            p.wait(timeout=warmup + seconds + 300)
+        points = _tb_steps(os.path.join(td, "node0", "nodes", "tensorboard"))
     pts = [(t, s) for t, s in points if t >= t_start + warmup]
     return (pts[-1][1] - pts[0][1]) / frames / (pts[-1][0] - pts[0][0])
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from netns import netns_available, veth_pair  # tests/helpers (on sys.path: conftest)
 
 from .conftest import SMALL_ENV_FLAGS, msf_env, read_summary, run_msf, wait_until_training
 
@@ -324,37 +325,12 @@ def test_slurm_one_task_per_node_with_a_fake_scontrol(train_dir, tmp_path):
     assert (s["world_size"], s["nnodes"]) == (2, 2) and s["env_steps"] >= 20000
 
 
-def _netns_available() -> str | None:
-    name = f"msfprobe{os.getpid()}"
-    r = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
-    if r.returncode != 0:
-        return (r.stderr or r.stdout).strip() or "ip netns add failed"
-    subprocess.run(["ip", "netns", "del", name], capture_output=True)
-    return None
-
-
 @pytest.mark.slow
 def test_two_nodes_in_two_network_namespaces_over_a_veth_pair(train_dir):
-    why = _netns_available()
+    why = netns_available()
     if why is not None:
         pytest.skip(f"network namespaces are not available here: `ip netns add` failed: {why}")
-    tag = str(os.getpid() % 100000)
-    ns = [f"msf{tag}a", f"msf{tag}b"]
-    veth = [f"mv{tag}a", f"mv{tag}b"]
-    addrs = ["10.231.7.1", "10.231.7.2"]
-
-    def ip(*a: str) -> None:
-        subprocess.run(["ip", *a], check=True, capture_output=True)
-
-    try:
-        for n in ns:
-            ip("netns", "add", n)
-        ip("link", "add", veth[0], "type", "veth", "peer", "name", veth[1])
-        for n, v, a in zip(ns, veth, addrs):
-            ip("link", "set", v, "netns", n)
-            ip("-n", n, "addr", "add", f"{a}/24", "dev", v)
-            ip("-n", n, "link", "set", v, "up")
-            ip("-n", n, "link", "set", "lo", "up")
+    with veth_pair("msf", "10.231.7") as pair:
         port = 29517
         procs = []
         for node in range(2):
@@ -364,16 +340,13 @@ def test_two_nodes_in_two_network_namespaces_over_a_veth_pair(train_dir):
                 "ns",
                 port,
                 [*SHORT, "--train_for_env_steps=20000", "--dist_timeout=60"],
-                hosts=f"--hosts={addrs[0]},{addrs[1]}",
+                hosts=f"--hosts={pair.addrs[0]},{pair.addrs[1]}",
             )
-            procs.append(start(args, env={"GLOO_SOCKET_IFNAME": veth[node]}, prefix=["ip", "netns", "exec", ns[node]]))
+            procs.append(start(args, env={"GLOO_SOCKET_IFNAME": pair.veth[node]}, prefix=pair.prefix(node)))
         results = finish(*procs, timeout=240)
         assert all(r == 0 for r, _, _ in results), [e[-2000:] for _, _, e in results]
         s = read_summary(train_dir / "node0", "ns")
         assert (s["world_size"], s["nnodes"]) == (2, 2) and s["env_steps"] >= 20000
-    finally:
-        for n in ns:
-            subprocess.run(["ip", "netns", "del", n], capture_output=True)
 
 
 @pytest.mark.slow

@@ -348,8 +348,8 @@ class SamplerNode:
                         len(state))  # fmt: skip
             return
         with torch.no_grad():
-            for t, raw in zip(state.values(), payload):
-                t.copy_(torch.from_numpy(np.frombuffer(raw, dtype=t.numpy().dtype).reshape(t.shape).copy()))
+            for t, raw in zip(state.values(), payload):  # one copy, straight into the model's tensor
+                t.numpy().reshape(-1)[:] = np.frombuffer(raw, dtype=t.numpy().dtype)
         self.weights[p].publish(self.model, version)
         self.versions[p] = version
 

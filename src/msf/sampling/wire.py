@@ -87,7 +87,7 @@ def read_key(path: str) -> bytes:
         return raw
 
 
-def _mac(key: bytes, frames: Sequence[bytes]) -> bytes:
+def _mac(key: bytes, frames: Sequence[Any]) -> bytes:
     h = hmac.new(key, digestmod=hashlib.sha256)
     for f in frames:
         h.update(len(f).to_bytes(8, "little"))
@@ -95,12 +95,13 @@ def _mac(key: bytes, frames: Sequence[bytes]) -> bytes:
     return h.digest()
 
 
-def sign(key: bytes, kind: str, header: Mapping[str, Any], payload: Sequence[Any] = ()) -> list[bytes]:
-    """The frames of one message (``payload``: buffers, such as contiguous numpy arrays or ``bytes``)."""
-    frames = [
+def sign(key: bytes, kind: str, header: Mapping[str, Any], payload: Sequence[Any] = ()) -> list[Any]:
+    """The frames of one message (``payload``: buffers, such as contiguous numpy arrays or ``bytes``; a payload
+    frame is a byte view of its buffer, not a copy: ``len`` is its size in bytes)."""
+    frames: list[Any] = [
         kind.encode(),
         json.dumps(header, separators=(",", ":")).encode(),
-        *(bytes(memoryview(p)) for p in payload),
+        *(memoryview(p).cast("B") for p in payload),
     ]
     return [*frames, _mac(key, frames)]
 
