@@ -12,13 +12,13 @@ Each round runs, one after the other (the order swaps every round), with the rou
 each until the mean return of the last 100 episodes reaches 475 (or ``--steps`` env steps). CartPole has no
 frameskip: msf's frames are env steps.
 
-Prints a row per run and then, per system, the medians over the rounds, and the ratios msf / rsl_rl of the
-medians: env steps/s (env steps over the training loop's seconds, its first rollout included: msf's
-``wall_seconds`` of summary.json, rsl_rl's ``runner.learn``), seconds to 475 from the command's start, env steps
-to 475, and the start-up (the command's seconds outside the training loop: interpreter, imports, env, model, and
-the exit). msf checks the target at each summary (every second here), rsl_rl after each iteration (16,384 env steps
-with 1,024 envs), so msf's env steps to 475 may overshoot by up to a second of steps. ``--json`` prints the runs as
-one JSON line too.
+Prints a row per run and then the medians over the rounds per system, the ratios msf / rsl_rl of the medians, and
+the ratios within each round (its two runs back to back, nearer in load than any other pair) of: env steps/s (env
+steps over the training loop's seconds, its first rollout included: msf's ``wall_seconds`` of summary.json, rsl_rl's
+``runner.learn``), seconds to 475 from the command's start, env steps to 475. Start-up is the command's seconds
+outside the training loop (interpreter, imports, env, model, the exit). msf checks the target at each summary (every
+second here), rsl_rl after each iteration (16,384 env steps with 1,024 envs), so msf's env steps to 475 may
+overshoot by up to a second of steps. ``--json`` prints the runs as one JSON line too.
 
 Usage: python benchmarks/peers/rsl_rl_vs_msf.py [--rounds 3] [--envs 1024] [--threads 1] [--json]
 """
@@ -99,6 +99,12 @@ def median(rows: list[dict], system: str, key: str) -> float | None:
     return statistics.median(values) if values else None
 
 
+def paired_ratios(rows: list[dict], seed: int, key: str) -> float | None:
+    """msf / rsl_rl of ``key`` within one round (the two runs back to back, under the same load); None: missing."""
+    pair = {r["system"]: r[key] for r in rows if r["seed"] == seed}
+    return round(pair["msf"] / pair["rsl_rl"], 2) if pair.get("msf") and pair.get("rsl_rl") else None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -130,6 +136,11 @@ def main() -> None:
         ours, theirs = median(rows, "msf", key), median(rows, "rsl_rl", key)
         ratio = f"{ours / theirs:.2f}" if ours and theirs else "-"
         print(f"  {key:18} msf {ours}  rsl_rl {theirs}  msf/rsl_rl {ratio}")
+    paired = [paired_ratios(rows, i, key) for i in range(a.rounds) for key in COLUMNS]
+    for key in COLUMNS:
+        ratios = sorted(r for r, k in zip(paired, COLUMNS * a.rounds) if k == key and r is not None)
+        if ratios:
+            print(f"  {key:18} msf/rsl_rl within each round: median {statistics.median(ratios):.2f}, {ratios}")
     upd = [r["update_s"] / r["train_s"] for r in rows if r["system"] == "rsl_rl"]
     env = [r["env_s"] / r["train_s"] for r in rows if r["system"] == "rsl_rl"]
     print(f"  rsl_rl's time: PPO update {statistics.median(upd):.0%}, env step {statistics.median(env):.0%}")
