@@ -20,7 +20,9 @@ per env and iteration, 4 minibatches (4,096 samples each with 1,024 envs), 4 epo
 gamma 0.99, lambda 0.95, clip 0.1, value loss coefficient 0.5, entropy coefficient 0.003, gradient norm 4.0,
 observations normalised, advantages normalised per minibatch, ELU 64-64 MLPs. Where the two differ by design:
 rsl_rl has separate actor and critic MLPs (msf shares one encoder), no value-target normalisation (msf's
-``--normalize_returns``; here the value loss is not clipped, as msf's clip of 1.0 in normalised units rarely binds).
+``--normalize_returns``); the value loss is not clipped here (rsl_rl would clip the value change at its policy clip,
+0.1, in unnormalised units; msf clips it at 1.0 in normalised ones). The runner logs to TensorBoard in a temporary
+folder, as msf's run does (rsl_rl counts episode returns only with a log folder); its console lines are dropped.
 
 Measures, after each iteration, rsl_rl's own mean return of the last 100 finished episodes (its logger's buffer,
 divided by the reward scale) and stops when it reaches ``--target`` or after ``--max_steps`` env steps. Prints one

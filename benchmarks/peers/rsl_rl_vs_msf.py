@@ -21,6 +21,7 @@ second here), rsl_rl after each iteration (16,384 env steps with 1,024 envs), so
 overshoot by up to a second of steps. ``--json`` prints the runs as one JSON line too.
 
 Usage: python benchmarks/peers/rsl_rl_vs_msf.py [--rounds 3] [--envs 1024] [--threads 1] [--json]
+    [--msf_flags=--actor_critic_share_weights=False ...]
 """
 
 from __future__ import annotations
@@ -43,8 +44,9 @@ RSL_PYTHON = os.path.join(HERE, ".venv-rsl", "bin", "python")
 TARGET = 475.0
 
 
-def run_msf(envs: int, threads: int, seed: int, steps: int, train_dir: str) -> dict:
-    """One msf-train run of the device-side torch CartPole; the row's figures from its summary.json."""
+def run_msf(envs: int, threads: int, seed: int, steps: int, train_dir: str, extra: list[str]) -> dict:
+    """One msf-train run of the device-side torch CartPole (``extra``: more flags); the row's figures from its
+    summary.json."""
     flags = [
         *DEVICE_FLAGS,
         f"--num_envs_per_worker={envs}",
@@ -53,6 +55,7 @@ def run_msf(envs: int, threads: int, seed: int, steps: int, train_dir: str) -> d
         "--experiment_summaries_interval=1",
         f"--seed={seed}",
         f"--train_for_env_steps={steps}",
+        *extra,
     ]
     s = run(flags, train_dir, f"msf_{envs}_{seed}")
     return {
@@ -112,6 +115,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--steps", type=int, default=3_000_000)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--msf_flags", nargs="*", default=[], help="more msf-train flags, e.g. --actor_critic_share_weights=False"
+    )
     a = parser.parse_args()
     if not os.path.exists(RSL_PYTHON):
         sys.exit(f"no rsl_rl venv at {RSL_PYTHON}: run bash benchmarks/peers/setup_rsl_rl.sh first")
@@ -122,7 +128,7 @@ def main() -> None:
             order = ("msf", "rsl_rl") if i % 2 == 0 else ("rsl_rl", "msf")
             for system in order:
                 if system == "msf":
-                    r = run_msf(a.envs, a.threads, i, a.steps, d)
+                    r = run_msf(a.envs, a.threads, i, a.steps, d, a.msf_flags)
                 else:
                     r = run_rsl_rl(a.envs, a.threads, i, a.steps)
                 rows.append(r)
