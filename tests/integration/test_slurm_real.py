@@ -417,7 +417,8 @@ def test_heterogeneous_job_of_learners_and_sampler_nodes_runs_to_done(job, tmp_p
     assert s["status"] == "done" and s["env_steps"] >= STEPS, out
     (node,) = s["sampler_nodes"]["sources"].values()
     # no rollout worker of its own: every step trained on came from the sampler node, and its books balance
-    assert node["env_steps_received"] == s["env_steps"] > 0
+    assert (node["env_steps_kept"], node["env_steps_dropped"]) == (s["env_steps_trained"], s["env_steps_dropped"])
+    assert s["env_steps_trained"] >= STEPS
     assert node["env_steps_sent"] == node["env_steps_received"] + node["env_steps_rejected"] + node["env_steps_lost"]
     assert node["env_steps_received"] == node["env_steps_kept"] + node["env_steps_dropped"] + node["env_steps_pending"]
     assert node["env_steps_rejected"] == node["env_steps_lost"] == 0
