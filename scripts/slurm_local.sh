@@ -12,6 +12,14 @@
 # prints the SLURM_CONF to export. Both commands are idempotent: start on a running Slurm checks it and
 # returns, stop on a stopped one does nothing. Needs root (apt-get, daemons running as root) and no cgroups:
 # processes are tracked with proctrack/linuxproc and tasks are not bound (task/none).
+#
+# Two nodes, both this host: NodeName=$(hostname -s) and NodeName=localhost, each with a slurmd of its own (slurmd
+# -N NAME, own port, spool and pid file). A heterogeneous job (#SBATCH hetjob) needs the second: on a one-node
+# Slurm it stays pending (Resources) for ever, because the backfill scheduler, the only one that starts
+# heterogeneous jobs, reserves the node it plans for one component as a whole, and every other component then finds
+# no node to start at the same time (slurm-wlm 22.05.8; OverSubscribe=YES and --oversubscribe change nothing).
+# Both names resolve to this host, so a script that connects to a component's node by name
+# (scontrol show hostnames) works here as on a cluster.
 set -euo pipefail
 
 DIR=${MSF_SLURM_DIR:-/tmp/msf-slurm}
@@ -22,6 +30,8 @@ CTLD_PORT=${MSF_SLURM_CTLD_PORT:-6817}
 SLURMD_PORT=${MSF_SLURM_SLURMD_PORT:-6818}
 WAIT_S=${MSF_SLURM_WAIT_S:-60}
 HOST=$(hostname -s)
+NODES=("$HOST" localhost)
+SLURMD_PORTS=("$SLURMD_PORT" $((SLURMD_PORT + 2))) # not + 1: 6819 is slurmdbd's port
 
 say() { echo "slurm_local: $*"; }
 die() {
@@ -40,7 +50,8 @@ live_pid() {
 	echo "$pid"
 }
 
-node_state() { SLURM_CONF=$CONF timeout 10 sinfo -h -n "$HOST" -o %T 2>/dev/null | head -n1; }
+# the state of NODE (default: this host's node)
+node_state() { SLURM_CONF=$CONF timeout 10 sinfo -h -n "${1:-$HOST}" -o %T 2>/dev/null | head -n1; }
 
 install() {
 	if command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v sinfo >/dev/null &&
@@ -70,11 +81,11 @@ AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket=$DIR/munge/munge.socket
 StateSaveLocation=$DIR/state
-SlurmdSpoolDir=$DIR/spool
+SlurmdSpoolDir=$DIR/spool/%n
 SlurmctldPidFile=$DIR/slurmctld.pid
-SlurmdPidFile=$DIR/slurmd.pid
+SlurmdPidFile=$DIR/slurmd.%n.pid
 SlurmctldLogFile=$DIR/log/slurmctld.log
-SlurmdLogFile=$DIR/log/slurmd.log
+SlurmdLogFile=$DIR/log/slurmd.%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 MpiDefault=none
@@ -90,8 +101,9 @@ MailProg=/bin/true
 InactiveLimit=0
 # SIGTERM, then SIGKILL after KillWait seconds (Slurm's default), as on a cluster
 KillWait=30
-NodeName=$HOST NodeAddr=127.0.0.1 CPUs=$cpus State=UNKNOWN
-PartitionName=debug Nodes=$HOST Default=YES MaxTime=INFINITE State=UP
+NodeName=${NODES[0]} NodeHostname=$HOST NodeAddr=127.0.0.1 Port=${SLURMD_PORTS[0]} CPUs=$cpus State=UNKNOWN
+NodeName=${NODES[1]} NodeHostname=$HOST NodeAddr=127.0.0.1 Port=${SLURMD_PORTS[1]} CPUs=$cpus State=UNKNOWN
+PartitionName=debug Nodes=${NODES[0]},${NODES[1]} Default=YES MaxTime=INFINITE State=UP
 EOF
 }
 
@@ -110,12 +122,20 @@ start_munged() {
 		die "munged did not start; see $DIR/log/munged.log"
 }
 
-start_daemon() {
-	local name=$1
-	if live_pid "$DIR/$name.pid" "$name" >/dev/null; then
+start_slurmctld() {
+	if live_pid "$DIR/slurmctld.pid" slurmctld >/dev/null; then
 		return
 	fi
-	"$name" -f "$CONF" || die "$name did not start; see $DIR/log/$name.log"
+	slurmctld -f "$CONF" || die "slurmctld did not start; see $DIR/log/slurmctld.log"
+}
+
+start_slurmd() {
+	local node=$1
+	if live_pid "$DIR/slurmd.$node.pid" slurmd >/dev/null; then
+		return
+	fi
+	mkdir -p "$DIR/spool/$node"
+	slurmd -f "$CONF" -N "$node" || die "slurmd -N $node did not start; see $DIR/log/slurmd.$node.log"
 }
 
 link_conf() {
@@ -132,21 +152,22 @@ link_conf() {
 }
 
 wait_idle() {
-	local deadline state=""
+	local node=$1 deadline state=""
 	deadline=$((SECONDS + WAIT_S))
 	while ((SECONDS < deadline)); do
-		state=$(node_state || true)
+		state=$(node_state "$node" || true)
 		case $state in
 		idle* | mixed* | allocated*) return 0 ;;
-		down* | drain*) SLURM_CONF=$CONF scontrol update nodename="$HOST" state=resume >/dev/null 2>&1 || true ;;
+		down* | drain*) SLURM_CONF=$CONF scontrol update nodename="$node" state=resume >/dev/null 2>&1 || true ;;
 		esac
 		sleep 1
 	done
-	die "node $HOST is not idle after ${WAIT_S}s (sinfo says '${state:-no answer}'); see $DIR/log/"
+	die "node $node is not idle after ${WAIT_S}s (sinfo says '${state:-no answer}'); see $DIR/log/"
 }
 
 start() {
 	install
+	[[ $HOST != localhost ]] || die "this host is named localhost: its two Slurm nodes need another name for the first"
 	if [[ -e $DIR && ! -f $OWNED ]]; then
 		die "$DIR exists and is not this script's folder; set MSF_SLURM_DIR to another path"
 	fi
@@ -154,11 +175,14 @@ start() {
 	touch "$OWNED"
 	[[ -f $CONF ]] || write_conf
 	start_munged
-	start_daemon slurmctld
-	start_daemon slurmd
+	start_slurmctld
+	start_slurmd "${NODES[0]}"
+	start_slurmd "${NODES[1]}"
 	link_conf
-	wait_idle
-	say "running: $(SLURM_CONF=$CONF sinfo --version), node $HOST $(node_state), state in $DIR"
+	wait_idle "${NODES[0]}"
+	wait_idle "${NODES[1]}"
+	say "running: $(SLURM_CONF=$CONF sinfo --version), nodes ${NODES[0]} $(node_state) and ${NODES[1]}" \
+		"$(node_state "${NODES[1]}") (both this host), state in $DIR"
 	say "SLURM_CONF=$CONF"
 }
 
@@ -187,7 +211,8 @@ stop() {
 			sleep 1
 		done
 	fi
-	stop_pid "$DIR/slurmd.pid" slurmd
+	stop_pid "$DIR/slurmd.${NODES[0]}.pid" slurmd
+	stop_pid "$DIR/slurmd.${NODES[1]}.pid" slurmd
 	stop_pid "$DIR/slurmctld.pid" slurmctld
 	stop_pid "$DIR/munge/munged.pid" munged
 	if [[ -f $DIR/.linked-etc-conf && -L $ETC_CONF && $(readlink "$ETC_CONF") == "$CONF" ]]; then

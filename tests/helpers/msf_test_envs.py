@@ -610,3 +610,13 @@ def make_five_step_misdeclared(name, num_envs, env_config):
 
 register_vector_env("MsfFiveStepMisdeclared", make_five_step_misdeclared)
 declare_spaces("MsfFiveStepMisdeclared", gym.spaces.Box(-1.0, 1e6, (5,), dtype=np.float32), gym.spaces.Discrete(3))
+
+
+def _make_with_a_typo(name, env_config):
+    """A user's maker with a bug: a name that does not exist (the NameError is the test's point)."""
+    return gym.make(CartPol)  # noqa: F821
+
+
+# its spaces declared, so msf-train makes no env itself: the first to make one is a rollout worker
+register_env("MsfTypoCartPole", _make_with_a_typo)
+declare_spaces("MsfTypoCartPole", gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), gym.spaces.Discrete(2))

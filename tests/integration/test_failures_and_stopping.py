@@ -178,6 +178,25 @@ def test_a_crash_in_native_code_is_named_as_the_cause(train_dir):
     assert sorted((exp / "checkpoint_p0").glob("checkpoint_*.pth")), "the checkpoints must survive"
 
 
+def test_an_env_maker_that_raises_in_a_worker_is_one_line_on_the_terminal(train_dir):
+    """A NameError in the user's maker, first met in a rollout worker (its spaces are declared, so msf-train makes
+    no env itself): the terminal gets one line naming the worker, the env and the exception, never the
+    traceback, which log.txt keeps."""
+    r = run_msf(
+        ["--env=msf_test_envs:MsfTypoCartPole", "--experiment=typo", f"--train_dir={train_dir}", *SMALL_RUN],
+        timeout=90 + SLACK_S,
+    )
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    (line,) = [ln for ln in r.stderr.splitlines() if "ERROR run failed:" in ln]
+    assert "rollout_worker_" in line and "--env=msf_test_envs:MsfTypoCartPole: making the env raised NameError: " in (
+        line
+    ), line
+    assert "name 'CartPol' is not defined (msf_test_envs.py:" in line, line
+    log = (train_dir / "typo" / "log.txt").read_text()
+    assert "Traceback" in log and "in _make_with_a_typo" in log, log[-3000:]
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_stops_cleanly_with_final_checkpoint(train_dir, sig):
     p = popen_msf(

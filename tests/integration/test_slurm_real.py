@@ -1,6 +1,7 @@
 """msf under a real Slurm (slurm-wlm's controller and node daemon on this machine, started by
 ``scripts/slurm_local.sh start``; ``.ci/run`` starts and stops it): ``srun`` with one task per node and with one
-task per device group, an ``sbatch`` job run to its end, and ``sbatch`` jobs cancelled with ``scancel``.
+task per device group, an ``sbatch`` job run to its end, ``sbatch`` jobs cancelled with ``scancel``, and the
+heterogeneous job of docs/slurm.md (learners in one component, sampler nodes in the other) run to its end.
 
 Skipped, with the reason, where Slurm's commands are not on PATH or its controller does not answer.
 """
@@ -28,7 +29,7 @@ from .conftest import SLACK_S, msf_env, read_summary
 pytestmark = pytest.mark.slow
 
 SLURM_TOOLS = ("sinfo", "srun", "sbatch", "squeue", "scancel", "scontrol")
-UP_STATES = ("idle", "mixed", "allocated", "completing")
+UP_STATES = ("idle", "mixed", "allocated", "completing", "planned")  # planned: idle, held by backfill for a job
 # A short CartPole run: on a loaded 2-core machine, starting the workers alone has taken a minute.
 FLAGS = [
     "--env=CartPole-v1",
@@ -45,6 +46,7 @@ STEPS = 20_000
 RUN_TIMEOUT_S = 300 + SLACK_S  # one short run, start to end, on a busy machine
 KILL_WAIT_S = 30  # scripts/slurm_local.sh's KillWait: Slurm's SIGKILL follows its SIGTERM after this long
 CHECKPOINT = re.compile(r"checkpoint_(\d+)_(\d+)\.pth")
+HETJOB_SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "slurm" / "sampler_nodes_hetjob.sh"
 
 
 def _slurm_missing() -> str | None:
@@ -336,3 +338,88 @@ def test_scancel_signal_usr1_writes_a_checkpoint_and_the_job_trains_on(job, tmp_
     assert s["status"] == "stopped"
     assert _checkpoints(exp_dir)[-1] == (s["train_steps"], s["env_steps"]) and s["train_steps"] > asked[0][0]
     assert job.leftovers(timeout=KILL_WAIT_S + SLACK_S) == []
+
+
+def _script_on_this_host(script: str, port: int) -> str:
+    """docs/slurm.md's script with what a GPU cluster has and this host has not swapped for CartPole on one core
+    per component; every other line stays as the docs show it. Each swap must match exactly once, so an edit of
+    the example that this test would no longer follow fails here."""
+    learner_flags = [f for f in FLAGS if not f.startswith(("--num_workers=", "--num_envs_per_worker="))]
+    swaps = [
+        ("--gres=gpu:4 --cpus-per-task=16", "--cpus-per-task=1"),
+        ("--nodes=4 --ntasks-per-node=1 --cpus-per-task=64", "--nodes=1 --ntasks-per-node=1 --cpus-per-task=1"),
+        ("msf-train --env=atari_pong", "msf-train " + " ".join([*learner_flags, f"--train_for_env_steps={STEPS}"])),
+        ("--nproc_per_node=4", "--nproc_per_node=1"),
+        ("--num_workers=64 --num_envs_per_worker=8", "--num_workers=1 --num_envs_per_worker=4"),
+        ("PORT=29600", f"PORT={port}"),
+    ]
+    for old, new in swaps:
+        assert script.count(old) == 1, f"{HETJOB_SCRIPT} no longer holds {old!r} once"
+        script = script.replace(old, new)
+    return script
+
+
+def _shims(bin_dir: Path) -> None:
+    """``msf-train``, ``msf-sampler`` and ``python`` on PATH as a user's installation has them: this interpreter
+    (whose environment may predate a console script)."""
+    bin_dir.mkdir()
+    for name, target in [("msf-train", "-m msf.train"), ("msf-sampler", "-m msf.sampler"), ("python", "")]:
+        path = bin_dir / name
+        path.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} {target} "$@"\n')
+        path.chmod(0o755)
+
+
+def _nodes_up() -> int:
+    r = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], capture_output=True, text=True, timeout=30)
+    return len({line.split()[0] for line in r.stdout.splitlines() if line.split()[-1].startswith(UP_STATES)})
+
+
+def test_heterogeneous_job_of_learners_and_sampler_nodes_runs_to_done(job, tmp_path):
+    """examples/slurm/sampler_nodes_hetjob.sh (docs/slurm.md) submitted as it is, bar the GPU: component 0 runs
+    msf-train with no rollout worker of its own, component 1 msf-sampler, which finds the learner's node with
+    ``scontrol show hostnames`` and the key the script made in the submit folder. The run reaches its step budget
+    on the sampler node's frames alone, and both components end with exit code 0."""
+    if _nodes_up() < 2:
+        pytest.skip(
+            "a heterogeneous job needs two Slurm nodes: Slurm's backfill scheduler never starts two components on one "
+            "node (scripts/slurm_local.sh start makes two, both this host)"
+        )
+    _shims(tmp_path / "bin")
+    script = tmp_path / "hetjob.sh"
+    script.write_text(_script_on_this_host(HETJOB_SCRIPT.read_text(), _free_port()))
+    env = {**job.env(), "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    r = subprocess.run(
+        ["sbatch", "--parsable", f"--job-name={job.name}", f"--output={tmp_path / 'job.out'}", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=tmp_path,  # the submit folder: the script makes the key there
+    )
+    assert r.returncode == 0, r.stderr
+    job_id = r.stdout.strip().split(";")[0]
+    assert _wait_for(lambda: not _in_queue(job_id), 2 * RUN_TIMEOUT_S, every=2), _job_output(tmp_path)
+
+    out = _job_output(tmp_path)
+    assert "learners exited 0, sampler nodes exited 0" in out, out
+    # both components' records (one per component: scontrol lists them all under the first's id)
+    rec = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True, timeout=30)
+    records = [dict(f.split("=", 1) for f in line.split() if "=" in f) for line in rec.stdout.splitlines()]
+    assert [(x["HetJobOffset"], x["JobState"], x["ExitCode"]) for x in records] == [
+        ("0", "COMPLETED", "0:0"),
+        ("1", "COMPLETED", "0:0"),
+    ], out
+    assert records[0]["NodeList"] != records[1]["NodeList"]
+
+    key = tmp_path / f"{job.name}.sampler.key"
+    assert key.stat().st_mode & 0o777 == 0o600 and len(bytes.fromhex(key.read_text().strip())) == 32
+    s = read_summary(tmp_path / "train_dir", job.name)
+    assert s["status"] == "done" and s["env_steps"] >= STEPS, out
+    (node,) = s["sampler_nodes"]["sources"].values()
+    # no rollout worker of its own: every step trained on came from the sampler node, and its books balance
+    assert (node["env_steps_kept"], node["env_steps_dropped"]) == (s["env_steps_trained"], s["env_steps_dropped"])
+    assert s["env_steps_trained"] >= STEPS
+    assert node["env_steps_sent"] == node["env_steps_received"] + node["env_steps_rejected"] + node["env_steps_lost"]
+    assert node["env_steps_received"] == node["env_steps_kept"] + node["env_steps_dropped"] + node["env_steps_pending"]
+    assert node["env_steps_rejected"] == node["env_steps_lost"] == 0
+    assert job.leftovers(timeout=10) == []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -92,3 +94,65 @@ def test_an_env_maker_that_cannot_travel_to_the_workers_is_named_with_the_reason
     finally:
         registrations.registry("env").pop("msf_test_lambda_env", None)
         registrations._UNSENT.pop(("env", "msf_test_lambda_env"), None)
+
+
+USER_MODULE = """
+import gymnasium as gym
+from msf.envs import register_env
+
+def make_my_game(name, env_config):
+    return gym.make("CartPole-v1")
+
+def make_with_a_typo(name, env_config):
+    return gym.make(CartPol)
+
+register_env("my_game", make_my_game)
+register_env("my_typo_game", make_with_a_typo)
+gym.register("MyGame-v0", entry_point="gymnasium.envs.classic_control:CartPoleEnv", max_episode_steps=500)
+"""
+
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch):
+    """A user's module registering envs both ways docs/environments.md shows (msf's register_env, gymnasium's
+    register), importable as ``msf_test_user_envs``."""
+    (tmp_path / "msf_test_user_envs.py").write_text(USER_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "msf_test_user_envs"
+    sys.modules.pop("msf_test_user_envs", None)
+    gym.registry.pop("MyGame-v0", None)
+
+
+@pytest.mark.parametrize("short, nearest", [("my_gamee", "my_game"), ("MyGamme-v0", "MyGame-v0")])
+def test_a_misspelt_name_after_a_module_says_what_is_registered_nearest(user_module, short, nearest):
+    """``--env=module:Nam`` where the module registers ``Name``: the module was imported, so the name is simply
+    not registered in this process; the message names the module and the nearest registered names."""
+    make_env(f"{user_module}:{nearest}").close()  # the name spelt right makes the env
+    with pytest.raises(ConfigError) as e:
+        make_env(f"{user_module}:{short}")
+    (msg,) = e.value.problems
+    assert "unknown environment" not in msg, msg
+    assert msg.startswith(f"--env: {short!r} is not registered in this process after importing module {user_module!r}")
+    assert f"; nearest registered names: {nearest!r}" in msg, msg
+
+
+def test_a_misspelt_gymnasium_id_names_the_nearest_one():
+    with pytest.raises(ConfigError) as e:
+        make_env("CartPol-v1")
+    msg = str(e.value)
+    assert (
+        msg.startswith("--env: unknown environment 'CartPol-v1'") and "nearest registered names: 'CartPole-v1'" in msg
+    )
+
+
+def test_a_maker_that_raises_is_one_line_naming_the_env_the_exception_and_where(user_module):
+    """As msf-train's probe meets it in its own process: one line (a ConfigError, printed as ``msf-train:
+    error:``) naming the env, the exception and the line of the user's code that raised it."""
+    with pytest.raises(ConfigError) as e:
+        env_spaces(f"{user_module}:my_typo_game")
+    (line,) = e.value.problems
+    assert line == (
+        f"--env={user_module}:my_typo_game: making the env raised NameError: name 'CartPol' is not defined "
+        "(msf_test_user_envs.py:9, in make_with_a_typo)"
+    )
+    assert isinstance(e.value.__cause__, NameError)

@@ -138,3 +138,20 @@ def test_a_header_must_be_a_json_object_of_a_known_kind():
     frames = [b"ping", json.dumps([1]).encode()]
     with pytest.raises(wire.Malformed, match="not a JSON object"):
         wire.verify(KEY, [*frames, wire._mac(KEY, frames)])
+
+
+@pytest.mark.parametrize(
+    "bind, host",
+    [(None, "127.0.0.1"), ("10.0.0.5", "10.0.0.5"), ("0.0.0.0", "HOSTNAME"), ("::", "HOSTNAME")],
+)
+def test_the_join_address_names_this_host_when_the_port_binds_every_interface(bind, host):
+    """What the job tells sampler nodes to ``--connect`` to: never a wildcard, which no other machine reaches."""
+    import socket
+
+    from msf.cfg.arguments import parse_args
+    from msf.sampling.sampler_endpoint import join_address
+
+    flags = ["--env=CartPole-v1", "--sampler_port=29600"] + ([f"--sampler_bind={bind}"] if bind else [])
+    cfg = parse_args(flags)[0]
+    expected = socket.gethostname() if host == "HOSTNAME" else host
+    assert join_address(cfg) == f"{expected}:29600"

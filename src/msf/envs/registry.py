@@ -9,14 +9,16 @@ process, so this also works in spawned rollout workers), or a name given to
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib
 import json
 import os
 import sys
 import threading
 import time
+import traceback
 from dataclasses import dataclass
-from typing import Any, Callable, cast
+from typing import Any, Callable, NoReturn, cast
 
 import gymnasium as gym
 import numpy as np
@@ -215,7 +217,9 @@ def make_env(name: str, env_config: dict[str, Any] | None = None, render_mode: s
     """Create one environment.
 
     Raises:
-        ConfigError: the name is neither registered here nor a gymnasium id.
+        ConfigError: the name is neither registered here nor a gymnasium id; or the env's maker (or constructor)
+            raised: one line naming the env, the exception and where it was raised (the exception is its
+            ``__cause__``).
         ValueError: the env's spaces are not those declared for it (:func:`declare_spaces`).
     """
     env_config = dict(env_config or {})
@@ -223,7 +227,13 @@ def make_env(name: str, env_config: dict[str, Any] | None = None, render_mode: s
     if fn is not None:
         if render_mode is not None:
             env_config["render_mode"] = render_mode
-        return _check_declared(name, flatten_dict_obs(fn(key, env_config)))
+        try:
+            env = fn(key, env_config)
+        except ConfigError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the user's code: any exception is named in one line
+            _maker_failed(name, e)
+        return _check_declared(name, flatten_dict_obs(env))
     try:
         # the env checker costs ~10 us per step on tiny envs, and runs only on the first steps anyway
         env = flatten_dict_obs(gym.make(key, disable_env_checker=True, render_mode=render_mode))
@@ -231,11 +241,42 @@ def make_env(name: str, env_config: dict[str, Any] | None = None, render_mode: s
         unsent = why_missing("env", key)
         if unsent is not None:
             raise ConfigError(f"--env: environment {name!r} is not registered in this process: {unsent}") from None
+        if _is_gym_id(key):  # registered: its constructor raised (a missing dependency, say)
+            _maker_failed(name, e)
+        module, _, short = name.rpartition(":")
+        nearest = _nearest(short)
+        if module:  # imported without error (_resolve): nothing registers this name
+            raise ConfigError(
+                f"--env: {short!r} is not registered in this process after importing module {module!r}{nearest} "
+                "(names given to msf.envs.register_env or gymnasium.register)"
+            ) from None
         raise ConfigError(
-            f"--env: unknown environment {name!r} ({e}). Valid: a gymnasium id such as CartPole-v1, "
+            f"--env: unknown environment {name!r} ({e}){nearest}. Valid: a gymnasium id such as CartPole-v1, "
             "'module:Id' to import a module that registers it, or a name passed to msf.envs.register_env"
         ) from None
+    except Exception as e:  # noqa: BLE001 - the env's constructor: any exception is named in one line
+        _maker_failed(name, e)
     return _check_declared(name, env)
+
+
+def _nearest(short: str) -> str:
+    """``; nearest registered names: 'A', 'B'``: the names registered in this process (msf's and gymnasium's)
+    closest to ``short`` (difflib's ratio >= 0.6, at most 3), or "" when none is."""
+    near = difflib.get_close_matches(short, sorted({*_REGISTRY, *_VECTOR, *gym.registry}), n=3, cutoff=0.6)
+    return f"; nearest registered names: {', '.join(map(repr, near))}" if near else ""
+
+
+def _maker_failed(name: str, e: Exception) -> NoReturn:
+    """Raise one line for an env maker that raised ``e``: the env, the exception's type and first line, and the
+    innermost frame (file, line, function) it came from; ``e`` is its ``__cause__``.
+
+    Raises:
+        ConfigError: always.
+    """
+    frames = traceback.extract_tb(e.__traceback__)
+    where = f" ({os.path.basename(frames[-1].filename)}:{frames[-1].lineno}, in {frames[-1].name})" if frames else ""
+    first = (str(e).strip().splitlines() or [""])[0]
+    raise ConfigError(f"--env={name}: making the env raised {type(e).__name__}: {first}{where}") from e
 
 
 @dataclass(frozen=True)

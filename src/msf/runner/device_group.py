@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import time
 from typing import Any, Callable
@@ -38,7 +39,7 @@ from msf.envs.registry import EnvSpaces, env_info_key
 from msf.learning.learner import Learner
 from msf.persistence.checkpoint import list_checkpoints
 from msf.persistence.sf2_checkpoint import as_msf_checkpoint
-from msf.persistence.summaries import TensorBoardSummaries, setup_logging, write_json_atomic
+from msf.persistence.summaries import LOG_FILE_ONLY, TensorBoardSummaries, setup_logging, write_json_atomic
 from msf.persistence.train_state import TrainState
 from msf.runner.experiment import experiment_dir
 from msf.runner.training_loop import TrainingLoop, check_replicas
@@ -63,14 +64,19 @@ class RunFailed(RuntimeError):
     """The run ended with ``status: failed`` (the cause is in the message and in the log)."""
 
 
+_MSF_CLASS = re.compile(r"^msf(\.\w+)+: ")  # a traceback's last line: "msf.cfg.validation.ConfigError: ..."
+
+
 def failure_line(e: BaseException) -> str:
     """One line for a failure: the message's first line (who failed), and when that only announces a traceback
-    (``rollout_worker_0 (pid 7) failed:``), the traceback's last line, which names the exception."""
+    (``rollout_worker_0 (pid 7) failed:``), the traceback's last line, which names the exception (msf's own
+    exceptions without their qualified class name: their message says it all, ``--env=X: making the env raised
+    NameError: ...``)."""
     lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
     if not lines:
         return type(e).__name__
     if lines[0].endswith(":") and len(lines) > 1:
-        return f"{lines[0]} {lines[-1]}"
+        return f"{lines[0]} {_MSF_CLASS.sub('', lines[-1])}"
     return lines[0]
 
 
@@ -430,7 +436,9 @@ def _run_loop(loop: TrainingLoop, sampler: Sampler, tb: TensorBoardSummaries | N
         if not loop.untrained():  # a run without an SGD step leaves the checkpoints as they were
             loop.checkpoints.save(wait=True)
     except Exception as e:  # noqa: BLE001 - any failure ends the run with status "failed"
-        log.error("run failed: %s", e, exc_info=sampler.logs_tracebacks)
+        # one line on the terminal; the whole report (a worker's traceback, or this process's) in log.txt
+        log.error("run failed: %s", failure_line(e))
+        log.error("run failed: %s", e, exc_info=sampler.logs_tracebacks, extra=LOG_FILE_ONLY)
         status, error = "failed", e
         _save_after_a_workers_failure(loop)
     finally:

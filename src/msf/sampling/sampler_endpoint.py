@@ -55,6 +55,16 @@ def bind_address(cfg: Config) -> str:
     return cfg.sampler_bind or "127.0.0.1"
 
 
+def join_address(cfg: Config) -> str:
+    """``HOST:PORT`` a sampler node gives to ``--connect``: device group 0's port (a node joins every group from
+    there) on the bind address, or this host's name when it binds every interface (``0.0.0.0``, ``::``), an
+    address no other machine can connect to."""
+    host = bind_address(cfg)
+    if host in ("0.0.0.0", "::", "*"):
+        host = socket.gethostname()
+    return f"{host}:{cfg.sampler_port}"
+
+
 def check_sampler_port(cfg: Config) -> str | None:
     """Why a sampler port (``--sampler_port`` + R for device group R) cannot be listened on (one line naming the
     flag), or None: they can (then they are free again: the device groups bind them)."""
@@ -189,8 +199,7 @@ class SamplerEndpoint:
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="sampler_endpoint", daemon=True)
         self._thread.start()
-        join = f"{bind_address(cfg)}:{cfg.sampler_port}"  # group 0's: a node joins every group from there
-        log.info("sampler nodes may join at %s (msf-sampler --connect=%s)", self.address, join)
+        log.info("sampler nodes may join at %s (msf-sampler --connect=%s)", self.address, join_address(cfg))
 
     # --- the loop's side ------------------------------------------------------------------------
     def connected(self) -> list[Source]:
