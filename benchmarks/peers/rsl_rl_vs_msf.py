@@ -3,9 +3,9 @@
 Each round runs, one after the other (the order swaps every round), with the round's seed:
 
 * ``msf``: ``msf-train`` with the torch CartPole and the flags of ``benchmarks/device_cartpole.py``
-  (``docs/device_envs.md``) at ``--envs`` instances on the CPU device, ``--learner_threads=--threads``, and
-  ``--experiment_summaries_interval=1`` so that the return target is checked every second (rsl_rl checks it after
-  every iteration; with msf's default of 10 s it would overshoot by up to 10 s);
+  (``docs/device_envs.md``) at ``--envs`` instances on the CPU device, ``--learner_threads=--threads`` (its flags have
+  ``--experiment_summaries_interval=1``, so that the return target is checked every second (rsl_rl checks it after
+  every iteration; with msf's default of 10 s it would overshoot by up to 10 s));
 * ``rsl_rl``: ``benchmarks/peers/rsl_rl_cartpole.py`` in rsl_rl's venv (``setup_rsl_rl.sh``) with the same number
   of envs, torch threads and comparable PPO settings (its docstring lists them);
 
@@ -52,7 +52,6 @@ def run_msf(envs: int, threads: int, seed: int, steps: int, train_dir: str, extr
         f"--num_envs_per_worker={envs}",
         f"--batch_size={4 * envs}",
         f"--learner_threads={threads}",
-        "--experiment_summaries_interval=1",
         f"--seed={seed}",
         f"--train_for_env_steps={steps}",
         *extra,
