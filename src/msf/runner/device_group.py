@@ -166,7 +166,7 @@ def run_device_group(
     state = _restore(cfg, learners, exp_dir, world)
     if _budget_spent(cfg, state, derived):
         return None  # every rank reads the same checkpoint, so every rank returns here: nothing to agree on
-    _log_start(cfg, group_cfg, rank, device, exp_dir)
+    _log_start(cfg, group_cfg, rank, device, exp_dir, device_env)
     check_replicas(learners, world)
     buffer = TrajectoryBuffer.allocate(group_cfg, derived, spaces, device if device_env else None)
     weights = [PublishedWeights(learner.model) for learner in learners]
@@ -338,17 +338,18 @@ def _budget_spent(cfg: Config, state: TrainState, derived: Derived) -> bool:
     return True
 
 
-def _log_start(cfg: Config, group_cfg: Config, rank: RankInfo, device: str, exp_dir: str) -> None:
+def _log_start(cfg: Config, group_cfg: Config, rank: RankInfo, device: str, exp_dir: str, device_env: bool) -> None:
+    n, workers = cfg.num_envs_per_worker, group_cfg.num_workers
     log.info(
-        "msf %s | %s | rank %d/%d | device %s | %d rollout worker(s) x %d envs, %d inference worker(s) | %s",
+        "msf %s | %s | rank %d/%d | device %s | %s | %s",
         msf.__version__,
         cfg.env,
         rank.rank,
         rank.world_size,
         device,
-        group_cfg.num_workers,
-        cfg.num_envs_per_worker,
-        cfg.policy_workers_per_policy,
+        f"{n} device-side envs, stepped in this process"
+        if device_env
+        else f"{workers} rollout worker(s) x {n} envs, {cfg.policy_workers_per_policy} inference worker(s)",
         exp_dir,
     )
 

@@ -22,6 +22,7 @@ from msf.cfg.config import Config, Derived
 from msf.distributed.collectives import Collectives
 from msf.distributed.rank_stats import RankStats, gather_episode_means, gather_rank_stats
 from msf.distributed.topology import RankInfo
+from msf.envs.device_env import device_env_entry
 from msf.learning.learner import Learner
 from msf.persistence.summaries import Progress, RecentRate, TensorBoardSummaries
 from msf.persistence.train_state import PolicyState, TrainState
@@ -70,11 +71,13 @@ class StartUpProgress:
         self.cfg, self.counters, self.start_time, self.noted = cfg, counters, start_time, start_time
         self.envs_started_after_s: float | None = None
         self.startup_s: float | None = None
+        # envs stepped in this process: --serial_mode, or a device-side env (no worker is spawned)
+        self.in_process = cfg.serial_mode or device_env_entry(cfg.env) is not None
 
     def trained(self, now: float) -> None:
         if self.startup_s is None:
             self.startup_s = t = now - self.start_time
-            since = "the start of the run (--serial_mode)" if self.cfg.serial_mode else "spawning the rollout workers"
+            since = "the start of the run (envs in this process)" if self.in_process else "spawning the rollout workers"
             log.info("start-up took %.1f s: from %s to the first training step (startup_s in summary.json)", t, since)
 
     def progress(self, now: float) -> None:
@@ -85,8 +88,7 @@ class StartUpProgress:
         if started >= total:
             self.envs_started_after_s = t = now - self.start_time
             how = f"of {len(counters)} rollout worker(s) started, {t:.1f} s after the workers were spawned"
-            serial = "started, in this process (--serial_mode)"  # one process: no worker was spawned
-            log.info("all %d environments %s", total, serial if self.cfg.serial_mode else how)
+            log.info("all %d environments %s", total, "started, in this process" if self.in_process else how)
         elif now - self.noted >= STARTUP_NOTE_S:
             self.noted = now
             log.info(
@@ -400,9 +402,11 @@ class Reporter:
             per_policy = " | return_mean per policy " + " ".join(
                 "n/a" if ps["return_mean"] is None else f"{ps['return_mean']:.2f}" for ps in gs["policies"]
             )
+        # envs in this process take turns with the learner: nobody waits for anybody, so no shares
+        waiting = "" if self.startup.in_process else "waiting: rollout {:.0f}% inference {:.0f}% learner {:.0f}% | "
         log.info(
             "frames %d | fps %.0f (10 s) %.0f (run) | return_mean %s | policy_lag mean %.1f max %.0f%s | "
-            "waiting: rollout %.0f%% inference %.0f%% learner %.0f%% | train_step %d | dropped %d%s%s%s",
+            "%strain_step %d | dropped %d%s%s%s",
             self.frames,
             recent,
             total,
@@ -410,7 +414,7 @@ class Reporter:
             gs["lag_mean"],
             gs["lag_max"],
             "" if self.cfg.async_rl else " (sync)",
-            *(100 * v for v in gs["wait_shares"]),
+            waiting.format(*(100 * v for v in gs["wait_shares"])),
             self.learners[0].train_step,
             self.state.dropped_trajectories,
             per_rank,
