@@ -155,3 +155,124 @@ def test_the_join_address_names_this_host_when_the_port_binds_every_interface(bi
     cfg = parse_args(flags)[0]
     expected = socket.gethostname() if host == "HOSTNAME" else host
     assert join_address(cfg) == f"{expected}:29600"
+
+
+# --- stacked frames, each sent once ------------------------------------------------------------------------------
+S, H, W = 4, 6, 5  # a stack of 4 frames of 6 x 5 bytes: [T + 1, 4, 6, 5] uint8 per trajectory
+PIXEL_FIELDS = wire.trajectory_fields({**LAYOUT, "obs": ((9, T + 1, S, H, W), torch.uint8)})
+
+
+def frame_stacks(rng: np.random.Generator, steps: int, resets: list[int], slides: bool = True) -> np.ndarray:
+    """``[steps + 1, S, H, W]`` uint8 observations of one env as a frame stack makes them: each step the stack
+    slides by one new frame; at a step in ``resets`` (and at 0) a new episode's stack is its first frame S times.
+    ``slides=False``: every observation drawn anew (an env that stacks another way, or none)."""
+    obs = np.empty((steps + 1, S, H, W), np.uint8)
+    for t in range(steps + 1):
+        new = rng.integers(0, 256, size=(H, W), dtype=np.uint8)
+        if not slides:
+            obs[t] = rng.integers(0, 256, size=(S, H, W), dtype=np.uint8)
+        elif t == 0 or t in resets:
+            obs[t] = new  # broadcast: S copies of the episode's first frame
+        else:
+            obs[t] = np.concatenate([obs[t - 1, 1:], new[None]])
+    return obs
+
+
+def pixel_trajectories(obs: np.ndarray) -> dict[str, np.ndarray]:
+    arrays, _ = trajectories(len(obs))
+    return {**arrays, "obs": obs}
+
+
+def round_trip(arrays: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], list[bytes]]:
+    batch = {k: torch.from_numpy(v) for k, v in arrays.items()}
+    header = {"policies": [0] * len(arrays["obs"])}
+    _, header, payload = wire.verify(KEY, wire.sign(KEY, "traj", header, wire.pack_trajectories(batch, PIXEL_FIELDS)))
+    return wire.unpack_trajectories(header, payload, PIXEL_FIELDS, [2], num_actions=2, discrete=True)[1], payload
+
+
+def test_which_observations_are_sent_as_stacked_frames():
+    assert wire.sends_frames_once(PIXEL_FIELDS) and not wire.sends_frames_once(FIELDS)  # CartPole: floats
+    for shape, dtype in [
+        ((T + 1, 1, H, W), torch.uint8),
+        ((T + 1, S, H, W), torch.float32),
+        ((T + 1, H, W), torch.uint8),
+    ]:
+        fields = wire.trajectory_fields({**LAYOUT, "obs": ((9, *shape), dtype)})  # one frame, floats, no stack
+        assert not wire.sends_frames_once(fields) and wire.payload_names(fields) == list(fields)
+    assert wire.payload_names(PIXEL_FIELDS)[:3] == ["obs_slid", "obs_frames", "actions"]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_stacked_frames_rebuild_bit_identical_across_episode_boundaries_and_envs_that_do_not_slide(seed):
+    rng = np.random.default_rng(seed)
+    steps = 24
+    fields = wire.trajectory_fields({**LAYOUT, "obs": ((9, steps + 1, S, H, W), torch.uint8)})
+    obs = np.stack(
+        [
+            frame_stacks(rng, steps, sorted(rng.choice(np.arange(1, steps + 1), size=3, replace=False).tolist())),
+            frame_stacks(rng, steps, [1, 2, 3, steps]),  # resets in a row, and at the last step
+            frame_stacks(rng, steps, []),  # one episode: runs of slides longer than the stack
+            frame_stacks(rng, steps, [], slides=False),
+        ]
+    )
+    obs[0, 5:9] = obs[0, 4]  # a still screen: stacks of one frame that also slide
+    slid, frames = wire.pack_frames(obs)
+    rebuilt = wire.unpack_frames(4, obs.shape[1:], slid.tobytes(), frames.tobytes())
+    assert rebuilt.dtype == np.uint8
+    np.testing.assert_array_equal(rebuilt, obs)
+    assert slid[3].sum() == 0 and slid[2].all()  # the non-sliding env's every step whole; the episode's none
+    assert fields["obs"][0] == obs.shape[1:]
+
+
+def test_the_packed_size_is_the_hand_counted_frames_and_flags():
+    rng = np.random.default_rng(7)
+    # T = 4 steps; trajectory 0: an episode starts at step 2 (its stack sent whole) -> 4 + 1 + 4 + 1 + 1 = 11 frames;
+    # trajectory 1: no step slides -> 5 stacks of 4 = 20 frames; trajectory 2: all slide -> 4 + 4 = 8 frames
+    obs = np.stack([frame_stacks(rng, T, [2]), frame_stacks(rng, T, [], slides=False), frame_stacks(rng, T, [])])
+    arrays = pixel_trajectories(obs)
+    out, payload = round_trip(arrays)
+    for k, v in arrays.items():
+        np.testing.assert_array_equal(out[k], v)
+    assert [len(p) for p in payload[:2]] == [3 * T, (11 + 20 + 8) * H * W]
+    assert bytes(payload[0]) == bytes([1, 0, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1])
+    rest = T * (8 + 4 + 4 + 4 + 1 + 1 + 8)  # actions, log_probs, values, rewards, dones, time_outs, versions
+    assert sum(map(len, payload)) == 3 * T + (11 + 20 + 8) * H * W + 3 * rest
+    assert wire.max_trajectory_bytes(PIXEL_FIELDS) == T + (T + 1) * S * H * W + rest
+
+
+def _change_flag(payload: list[bytes]) -> list[bytes]:
+    slid = bytearray(payload[0])
+    slid[slid.index(1)] = 0  # a slid step claimed whole: its 3 older frames are missing from obs_frames
+    return [bytes(slid), *payload[1:]]
+
+
+@pytest.mark.parametrize(
+    "change, problem",
+    [
+        (_change_flag, "obs_frames: 1170 bytes, 1260 expected for the 42 frames obs_slid implies"),
+        (lambda p: [b"\x02" + p[0][1:], *p[1:]], "obs_slid: values other than 0 and 1"),
+        (lambda p: [p[0][:-1], *p[1:]], "obs_slid: 11 bytes, 12 expected for 3 trajectories"),
+        (lambda p: [p[0], p[1] + b"\x00", *p[2:]], "obs_frames: 1171 bytes, 1170 expected"),
+        (lambda p: [p[0], p[1][: len(p[1]) // 2], *p[2:]], "obs_frames: 585 bytes, 1170 expected"),
+        (lambda p: p[1:], r"8 payload frames, 9 expected \(obs_slid, obs_frames, actions"),
+    ],
+)
+def test_stacked_frames_whose_flags_and_frames_disagree_are_malformed(change, problem):
+    rng = np.random.default_rng(3)
+    obs = np.stack([frame_stacks(rng, T, [2]), frame_stacks(rng, T, [], slides=False), frame_stacks(rng, T, [])])
+    _, payload = round_trip(pixel_trajectories(obs))
+    with pytest.raises(wire.Malformed, match=problem):
+        wire.unpack_trajectories({"policies": [0] * 3}, change(payload), PIXEL_FIELDS, [2], 2, discrete=True)
+
+
+def test_a_node_of_another_wire_format_is_refused_in_one_line():
+    import msf
+    from msf.cfg.arguments import parse_args
+    from msf.sampling.sampler_endpoint import _refusal
+
+    cfg = parse_args(["--env=CartPole-v1"])[0]
+    v = msf.__version__
+    assert _refusal(cfg, "h", "hello", {"msf_version": v, "wire": wire.WIRE_VERSION}) is None
+    assert _refusal(cfg, "h", "hello", {"msf_version": v}) == (
+        f"msf version {v} (wire format 1), the job runs {v} (wire format {wire.WIRE_VERSION})"
+    )

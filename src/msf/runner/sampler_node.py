@@ -46,6 +46,7 @@ from msf.sampling.trajectory_buffer import TrajectoryBuffer
 log = logging.getLogger("msf")
 
 HELLO_EVERY_S = 1.0  # while no job answers, the hello is sent again this often
+VERSIONS = {"msf_version": msf.__version__, "wire": wire.WIRE_VERSION}  # what a job checks in hello and join
 SILENT_REJOIN_S = 3.0  # the job silent this long (it pings every second): say hello again (a restarted job)
 
 
@@ -206,13 +207,13 @@ class SamplerNode:
         Raises:
             Refused: the job refused (another msf version, env or shape). JobLost: no answer in time.
         """
-        _, header, _ = self._await(("config",), ("hello", {"msf_version": msf.__version__}))
+        _, header, _ = self._await(("config",), ("hello", dict(VERSIONS)))
         cfg = node_config(header["config"], self.settings)
         spaces = env_spaces(cfg.env, env_config_of(cfg))
         model = ActorCritic(cfg, spaces)
         shape = wire.shape_hash(env_info_key(cfg), spaces, model, cfg)
         workers = f"{cfg.num_workers} workers x {cfg.num_envs_per_worker} envs"
-        join = {"msf_version": msf.__version__, "env": cfg.env, "shape_hash": shape, "workers": workers}
+        join = {**VERSIONS, "env": cfg.env, "shape_hash": shape, "workers": workers}
         self.link.join_header = join
         accept = self._await(("accept",), ("join", join))[1]
         self._accepted(self.link, accept)
@@ -332,7 +333,7 @@ class SamplerNode:
                 f"{link.timeout_s:g})"
             )
         if silent >= SILENT_REJOIN_S:
-            link.send("hello", {"msf_version": msf.__version__}, wait_s=0.0)
+            link.send("hello", dict(VERSIONS), wait_s=0.0)
         return None
 
     def _load_weights(self, header: dict, payload: list[bytes]) -> None:

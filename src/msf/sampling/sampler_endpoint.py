@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import math
 import queue
 import socket
 import threading
@@ -89,10 +88,11 @@ def check_sampler_port(cfg: Config) -> str | None:
 
 
 def _refusal(cfg: Config, shape_hash: str, kind: str, header: dict) -> str | None:
-    """Why a ``hello`` or ``join`` is refused (another msf version, env or shape), or None."""
-    version, why = header.get("msf_version"), None
-    if version != msf.__version__:
-        why = f"msf version {version}, the job runs {msf.__version__}"
+    """Why a ``hello`` or ``join`` is refused (another msf version or wire format, env or shape), or None."""
+    version, form, why = header.get("msf_version"), header.get("wire", 1), None
+    if version != msf.__version__ or form != wire.WIRE_VERSION:
+        ours = f"{msf.__version__} (wire format {wire.WIRE_VERSION})"
+        why = f"msf version {version} (wire format {form}), the job runs {ours}"
     elif kind == "join" and header.get("env") != cfg.env:
         why = f"env {header.get('env')!r}, the job trains {cfg.env!r}"
     elif kind == "join" and header.get("shape_hash") != shape_hash:
@@ -178,7 +178,7 @@ class SamplerEndpoint:
         self.started = time.monotonic()  # the clock of Source.joined_s and first_trajectory_s
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
-        per_traj = sum(math.prod(s) * d.itemsize for s, d in self.fields.values())
+        per_traj = wire.max_trajectory_bytes(self.fields)
         # ZeroMQ drops the connection of a peer whose message is larger: it never reaches this process
         self._sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_TRAJECTORIES_PER_MESSAGE * per_traj + 2**20)
         self._sock.setsockopt(zmq.RCVHWM, 64)

@@ -14,7 +14,7 @@ join        sampler -> job   ``msf_version``, ``env``, ``shape_hash`` (:func:`sh
 accept      job -> sampler   ``version`` (policy 0's version now), ``window`` (see ``done`` below)
 refuse      job -> sampler   ``reason`` (one line; the sampler exits 2)
 traj        sampler -> job   ``seq``, ``sent``, ``sampled``, ``policies`` ``[n]`` (the fields of
-                             :func:`trajectory_fields`, n rows each)
+                             :func:`trajectory_fields`, n rows each; stacked frames once: see below)
 stats       sampler -> job   ``seq``, ``sampled``, ``returns``, ``lengths``, ``policies`` (finished episodes)
 ping        both ways        ``seq`` (a sign of life); the sampler's: ``sampled``; the job's: ``done``
 credit      job -> sampler   ``done``: this sampler's trajectories the job has accounted for (taken from its
@@ -23,6 +23,18 @@ weights     job -> sampler   ``policy``, ``version`` (the policy's ``state_dict`
 bye         sampler -> job   ``seq``, ``sampled`` (the sampler stops)
 end         job -> sampler   ``reason`` (``done``, ``stopped`` or ``failed``; the sampler exits 0)
 ==========  ===============  ===========================================================================
+
+``hello`` and ``join`` also carry ``wire``: :data:`WIRE_VERSION`; the job refuses a sampler of another msf version or
+wire format (one line naming both).
+
+Stacked frames (:func:`sends_frames_once`: uint8 observations ``[S, ...]`` with ``S >= 2`` frames stacked along
+their first axis, as msf's Atari envs ``[4, 84, 84]``): consecutive observations of an episode share ``S - 1``
+frames, so a ``traj`` message carries the observations as two frames in place of one: ``slid`` ``[n, T]`` uint8,
+1 where observation ``t + 1`` is observation ``t`` slid by one frame (``obs[t + 1][:-1] == obs[t][1:]``, checked
+byte for byte on the node), and the frames ``[k, *frame]``: per trajectory, every frame of its first observation,
+then per later step only the newest frame where it slid, every frame where it did not (an episode's start, whose
+stack the reset fills, or an env that stacks otherwise). The job rebuilds the observations bit for bit
+(:func:`unpack_frames`). Atari: 132 frames for 129 stacks of 4 in place of 516.
 
 ``seq`` counts a sampler's messages (1, 2, ...): the job drops one whose ``seq`` is not above the last it took
 from that sampler (a replayed message).
@@ -55,6 +67,7 @@ import torch
 MAC_BYTES = 32  # SHA-256
 KEY_BYTES = 32
 MAX_TRAJECTORIES_PER_MESSAGE = 64  # a sampler splits a larger announcement; the job refuses a larger message
+WIRE_VERSION = 2  # 1: each observation whole; 2: stacked frames once (sends_frames_once)
 KINDS = ("hello", "config", "join", "accept", "refuse", "traj", "stats", "ping", "credit", "weights", "bye", "end")
 
 
@@ -154,9 +167,82 @@ def trajectory_fields(layout: Mapping[str, tuple[tuple[int, ...], torch.dtype]])
     return {k: (layout[k][0][1:], torch.empty(0, dtype=layout[k][1]).numpy().dtype) for k in names}
 
 
+def sends_frames_once(fields: Mapping[str, tuple[tuple, np.dtype]]) -> bool:
+    """Whether a ``traj`` message carries the observations as stacked frames, each once (:func:`pack_frames`):
+    uint8 observations of at least 3 axes (a stack of images) with at least 2 along the first."""
+    shape, dtype = fields["obs"]  # [T + 1, *obs_shape]
+    return dtype == np.uint8 and len(shape) >= 4 and shape[1] >= 2
+
+
+def payload_names(fields: Mapping[str, tuple[tuple, np.dtype]]) -> list[str]:
+    """The names of a ``traj`` message's payload frames, in order."""
+    return ["obs_slid", "obs_frames", *list(fields)[1:]] if sends_frames_once(fields) else list(fields)
+
+
+def max_trajectory_bytes(fields: Mapping[str, tuple[tuple, np.dtype]]) -> int:
+    """The most payload bytes one trajectory takes in a ``traj`` message (stacked frames: none slid)."""
+    whole = sum(math.prod(shape) * dtype.itemsize for shape, dtype in fields.values())
+    return whole + (fields["obs"][0][0] - 1 if sends_frames_once(fields) else 0)
+
+
+def _carried(slid: np.ndarray, stack: int) -> np.ndarray:
+    """``[n, T + 1, S]`` bool: the frames of each observation a message carries (``slid``: ``[n, T]`` bool)."""
+    n, steps = slid.shape
+    carried = np.ones((n, steps + 1, stack), dtype=bool)
+    carried[:, 1:, :-1] = ~slid[:, :, None]
+    return carried
+
+
+def pack_frames(obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(slid [n, T] uint8, frames [k, F] uint8)`` of stacked observations ``obs`` ``[n, T + 1, S, ...]`` uint8
+    (F: the bytes of one frame): see the module's docstring. Vectorised: one comparison of every step with the
+    next, one boolean selection."""
+    obs = np.ascontiguousarray(obs)
+    n, steps1, stack = obs.shape[:3]
+    slid = (obs[:, 1:, :-1] == obs[:, :-1, 1:]).reshape(n, steps1 - 1, -1).all(axis=2)
+    frames = obs.reshape(n, steps1 * stack, -1)[_carried(slid, stack).reshape(n, -1)]
+    return slid.view(np.uint8), frames
+
+
+def unpack_frames(n: int, shape: tuple[int, ...], slid_raw: bytes, frames_raw: bytes) -> np.ndarray:
+    """The observations ``[n, *shape]`` uint8 (``shape``: ``[T + 1, S, ...]``) that :func:`pack_frames` packed.
+
+    A frame not carried (frame ``s < S - 1`` of a slid step ``t``) is frame ``s + j`` of the observation ``j`` steps
+    back, ``j = min(S - 1 - s, slid steps in a row ending at t)``: there it is either the newest frame or one of a
+    whole observation, both carried. One gather builds every observation.
+
+    Raises:
+        Malformed: ``slid`` of another size or with values other than 0 and 1, or a count of frame bytes other
+            than its flags imply.
+    """
+    steps1, stack, frame = shape[0], shape[1], math.prod(shape[2:])
+    if len(slid_raw) != n * (steps1 - 1):
+        raise Malformed(f"obs_slid: {len(slid_raw)} bytes, {n * (steps1 - 1)} expected for {n} trajectories")
+    flags = np.frombuffer(slid_raw, dtype=np.uint8).reshape(n, steps1 - 1)
+    if (flags > 1).any():
+        raise Malformed("obs_slid: values other than 0 and 1")
+    slid = flags.astype(bool)
+    carried = _carried(slid, stack)
+    k = int(carried.sum())
+    if len(frames_raw) != k * frame:
+        raise Malformed(
+            f"obs_frames: {len(frames_raw)} bytes, {k * frame} expected for the {k} frames obs_slid implies"
+        )
+    frames = np.frombuffer(frames_raw, dtype=np.uint8).reshape(k, frame)
+    where = (np.cumsum(carried.reshape(-1)) - 1).reshape(carried.shape)  # each carried frame's row in `frames`
+    t, s = np.arange(steps1)[None, :, None], np.arange(stack)[None, None, :]
+    full = np.concatenate([np.ones((n, 1), dtype=bool), ~slid], axis=1)  # [n, T + 1]: carried whole
+    run = np.arange(steps1) - np.maximum.accumulate(np.where(full, np.arange(steps1), 0), axis=1)
+    back = np.minimum(stack - 1 - s, run[:, :, None])  # [n, T + 1, S]: 0 for every carried frame
+    rows = where[np.arange(n)[:, None, None], t - back, s + back]
+    return frames[rows].reshape(n, *shape)
+
+
 def pack_trajectories(batch: Mapping[str, torch.Tensor], fields: Mapping[str, Any]) -> list[np.ndarray]:
-    """The payload of a ``traj`` message: each field of ``batch`` (``[n, ...]`` tensors), contiguous."""
-    return [np.ascontiguousarray(batch[k].numpy()) for k in fields]
+    """The payload of a ``traj`` message (:func:`payload_names`): each field of ``batch`` (``[n, ...]`` tensors),
+    contiguous; stacked observations as :func:`pack_frames`' two arrays."""
+    payload = [np.ascontiguousarray(batch[k].numpy()) for k in fields]
+    return [*pack_frames(payload[0]), *payload[1:]] if sends_frames_once(fields) else payload
 
 
 def unpack_trajectories(
@@ -175,8 +261,9 @@ def unpack_trajectories(
             ``[0, num_actions)``).
 
     Raises:
-        Malformed: naming the first problem: the count of trajectories or frames, a frame's size, a non-finite
-            float, a flag that is not 0/1, an action out of range, a policy or policy version out of range.
+        Malformed: naming the first problem: the count of trajectories or frames, a frame's size, a count of
+            stacked frames other than ``obs_slid`` implies (:func:`unpack_frames`), a non-finite float, a flag
+            that is not 0/1, an action out of range, a policy or policy version out of range.
     """
     policies = header.get("policies")
     if not isinstance(policies, list) or not 1 <= len(policies) <= MAX_TRAJECTORIES_PER_MESSAGE:
@@ -184,14 +271,19 @@ def unpack_trajectories(
     if not all(isinstance(p, int) and 0 <= p < len(versions) for p in policies):
         raise Malformed(f"policies: ids in [0, {len(versions)}) expected")
     n = len(policies)
-    if len(payload) != len(fields):
-        raise Malformed(f"{len(payload)} payload frames, {len(fields)} expected ({', '.join(fields)})")
+    names = payload_names(fields)
+    if len(payload) != len(names):
+        raise Malformed(f"{len(payload)} payload frames, {len(names)} expected ({', '.join(names)})")
+    raws: list[Any] = list(payload)
+    if sends_frames_once(fields):
+        raws[:2] = [unpack_frames(n, fields["obs"][0], raws[0], raws[1])]
     out = {}
-    for (name, (shape, dtype)), raw in zip(fields.items(), payload):
+    for (name, (shape, dtype)), raw in zip(fields.items(), raws):
         want = n * math.prod(shape) * dtype.itemsize
-        if len(raw) != want:
-            raise Malformed(f"{name}: {len(raw)} bytes, {want} expected for {n} trajectories of {shape} {dtype}")
-        a = np.frombuffer(raw, dtype=dtype).reshape(n, *shape)
+        size = raw.nbytes if isinstance(raw, np.ndarray) else len(raw)  # an array: the rebuilt observations
+        if size != want:
+            raise Malformed(f"{name}: {size} bytes, {want} expected for {n} trajectories of {shape} {dtype}")
+        a = (raw if isinstance(raw, np.ndarray) else np.frombuffer(raw, dtype=dtype)).reshape(n, *shape)
         if dtype.kind == "f" and not np.isfinite(a).all():
             raise Malformed(f"{name}: non-finite values")
         out[name] = a
