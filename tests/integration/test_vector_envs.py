@@ -40,6 +40,34 @@ def test_five_step_episodes_train_exactly_in_every_autoreset_mode(train_dir):
         assert s["env_steps"] == s["env_steps_trained"] + s["env_steps_dropped"] + s["env_steps_discarded"], s
 
 
+def test_synchronous_training_completes_its_iterations_when_autoresets_put_rows_out_of_step(train_dir):
+    """``--async_rl=False`` on CartPole-v1's vector env (next-step autoreset, episodes of different lengths): every
+    iteration completes (the rows that finished their trajectories wait without writing for the others), the learner
+    trains on every frame with policy lag 0, and the budget is reached."""
+    r = run_msf(
+        _flags(
+            "CartPole-v1",
+            train_dir,
+            "sync",
+            "--async_rl=False",
+            "--num_workers=1",
+            "--num_envs_per_worker=16",
+            "--worker_num_splits=2",
+            "--rollout=16",
+            "--batch_size=256",
+            "--train_for_env_steps=8192",
+            "--device=cpu",
+        ),
+        timeout=180,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = read_summary(train_dir, "sync")
+    assert s["status"] == "done", s
+    assert s["env_steps"] == s["env_steps_trained"] == 8192 and s["policy_lag_max"] == 0.0, s
+    # the reset steps and the waiting rows' steps are env steps the learner did not train on
+    assert s["env_step_calls"] > s["env_steps"], s
+
+
 @pytest.mark.slow  # a learning run: the default suite keeps the shorter checks
 def test_cartpoles_native_vector_env_trains(train_dir):
     """CartPole-v1's ``CartPoleVectorEnv`` (next-step autoreset, one numpy call for a split's envs) with the README's

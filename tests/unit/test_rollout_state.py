@@ -91,20 +91,31 @@ def test_one_policy_never_draws():
 
 
 def test_a_split_is_parked_once_its_quota_is_spent_and_resumed_with_a_full_one():
-    q = SyncQuota(per_iteration=2, splits=2)
-    q.spend(0)
+    q = SyncQuota(per_iteration=2, rows=4, splits=2)  # rows 0, 1: split 0; rows 2, 3: split 1
+    q.spend(np.array([0, 1]))
     assert not q.parked(0) and not q.all_parked
-    q.spend(0)
+    q.spend(np.array([0, 1]))
     assert q.parked(0) and not q.parked(1) and not q.all_parked
-    q.spend(1)
-    q.spend(1)
+    q.spend(np.array([2, 3]))
+    q.spend(np.array([2, 3]))
     assert q.all_parked
     assert q.resume() == [0, 1]
-    assert q.left.tolist() == [2, 2] and q.resume() == []
+    assert q.left.tolist() == [2, 2, 2, 2] and q.resume() == []
+
+
+def test_rows_of_a_split_that_end_apart_idle_until_the_last_has_written_its_quota():
+    """Next-step autoresets put rows of one split out of step: the first to spend its quota idles, the split is
+    parked only when the last one has spent its."""
+    q = SyncQuota(per_iteration=1, rows=4, splits=2)
+    q.spend(np.array([1]))
+    assert q.idle(0).tolist() == [False, True] and not q.parked(0)
+    q.spend(np.array([0]))
+    assert q.idle(0).tolist() == [True, True] and q.parked(0) and q.idle(1).tolist() == [False, False]
 
 
 def test_asynchronous_never_parks():
-    q = SyncQuota(per_iteration=0, splits=2)
+    q = SyncQuota(per_iteration=0, rows=4, splits=2)
     for _ in range(3):
-        q.spend(0)
+        q.spend(np.array([0, 1]))
+    assert q.idle(0) is None
     assert not q.parked(0) and not q.all_parked and q.resume() == []

@@ -120,22 +120,31 @@ class PolicyDraw:
 
 
 class SyncQuota:
-    """``--async_rl=False``: each split writes ``per_iteration`` trajectories per row (its quota), then is parked
-    (its quota at 0: it asks for no actions) until the learner has trained on them and returns their slots.
-    ``per_iteration`` 0: asynchronous, never parked."""
+    """``--async_rl=False``: each row writes ``per_iteration`` trajectories (its quota); a split whose rows have all
+    written theirs is parked (it asks for no actions) until the learner has trained on them and returns their slots.
+    ``per_iteration`` 0: asynchronous, never parked.
 
-    def __init__(self, per_iteration: int, splits: int):
-        self.per_iteration = per_iteration
-        self.left = np.full(splits, per_iteration, dtype=np.int64)
+    The rows of a split step together but need not end their trajectories together: a next-step autoreset costs
+    its row a step that writes nothing. A row whose quota is spent while others of its split still write idles
+    (:meth:`idle`): its env steps with the split, its episode goes on, and the row's next trajectory starts from
+    the observation it reaches, so that every row writes exactly its quota and the iteration completes."""
 
-    def spend(self, split: int) -> None:
-        """The rows of ``split`` (which started together, so end together) wrote a trajectory each."""
+    def __init__(self, per_iteration: int, rows: int, splits: int):
+        self.per_iteration, self.eps = per_iteration, rows // splits
+        self.left = np.full(rows, per_iteration, dtype=np.int64)
+
+    def spend(self, rows: np.ndarray) -> None:
+        """Each of ``rows`` (row indices) wrote a trajectory."""
         if self.per_iteration:
-            self.left[split] -= 1
+            self.left[rows] -= 1
+
+    def idle(self, split: int) -> np.ndarray | None:
+        """Per row of ``split`` (bool), whether its quota is spent; None when asynchronous."""
+        return self.left[split * self.eps : (split + 1) * self.eps] == 0 if self.per_iteration else None
 
     def parked(self, split: int) -> bool:
-        """``split`` has written its quota and waits for :meth:`resume`."""
-        return bool(self.per_iteration) and self.left[split] == 0
+        """Every row of ``split`` has written its quota: the split waits for :meth:`resume`."""
+        return bool(self.per_iteration) and not self.left[split * self.eps : (split + 1) * self.eps].any()
 
     @property
     def all_parked(self) -> bool:
@@ -144,6 +153,6 @@ class SyncQuota:
 
     def resume(self) -> list[int]:
         """A new iteration: every quota full again. Returns the splits that were parked."""
-        parked = np.nonzero(self.left == 0)[0].tolist() if self.per_iteration else []
+        parked = [s for s in range(len(self.left) // self.eps) if self.parked(s)] if self.per_iteration else []
         self.left[:] = self.per_iteration
         return parked

@@ -89,7 +89,7 @@ class RolloutWorker:
         self.episodes = RunningEpisodes(self.E, time.monotonic())
         rng = np.random.default_rng([seed, index, 7])
         self.policies = PolicyDraw(cfg.num_policies, derived.num_agents, self.E, cfg.pbt_mix_policies_in_one_env, rng)
-        self.quota = SyncQuota(derived.sync_rollouts, cfg.worker_num_splits)
+        self.quota = SyncQuota(derived.sync_rollouts, self.E, cfg.worker_num_splits)
         self.waiting = np.zeros(cfg.worker_num_splits, dtype=np.int64)  # replies still due per split
         self.splits: list[EnvSplit] = []  # one per split: envs [lo, hi) of this worker
         try:
@@ -196,7 +196,8 @@ class RolloutWorker:
         For each row at cursor ``(slot, t)``: reward, done and time-out at ``[slot, t]``, the next observation
         at ``obs[slot, t + 1]`` (a zero core state there after an episode end); the cursor moves to ``t + 1``. A row
         whose step was a next-step autoreset (``EnvSplit.autoreset_rows``) writes its observation at ``obs[slot, t]``
-        and stays.
+        and stays; so does a row that has written its ``--async_rl=False`` quota while others of its split still
+        write (:meth:`SyncQuota.idle`: its next trajectory starts from the observation it reaches).
         Rows that reach ``t = T`` (rollout) start their next trajectories (:meth:`_next_trajectories`).
         Finished episodes are kept for :meth:`report_stats`.
 
@@ -220,11 +221,13 @@ class RolloutWorker:
         skip = env_split.autoreset_rows
         stepped: np.ndarray | bool = True if skip is None else ~skip
         self.episodes.add(lo, rew, ended, self.policies.row, stepped)
+        idle = self.quota.idle(split)  # --async_rl=False: rows that wrote their quota start from where they are
+        moved = stepped if idle is None or not idle.any() else np.logical_and(stepped, ~idle)
         self.policies.episode_ended[lo:hi] |= ended
         self.rewards[slots, ts] = rew
         self.dones[slots, ts] = ended
         self.time_outs[slots, ts] = trunc & ~term
-        ts += stepped
+        ts += moved
         self.obs[slots, ts] = obs
         if self.rnn_states is not None and ended.any():
             # a new episode starts with a zero state (the inference worker wrote the old one's)
@@ -271,7 +274,7 @@ class RolloutWorker:
             kept = self.rnn_states[old, self.T]
             self.rnn_states[new, 0] = np.where(switched.reshape(-1, *[1] * (kept.ndim - 1)), 0.0, kept)
         slots[full], ts[full] = new, 0
-        self.quota.spend(split)
+        self.quota.spend(rows)
 
     def request(self, split: int) -> None:
         """Ask the inference worker of every policy that drives a row of ``split`` for its actions
