@@ -128,6 +128,9 @@ def test_a_learner_fed_only_by_a_sampler_node_reaches_450(train_dir):
     # what the node says it sent: what arrived, and at most its last messages in flight when the job ended
     assert src["env_steps_rejected"] == src["env_steps_lost"] == 0
     assert 0 <= node_sent(en) * ROLLOUT - src["env_steps_received"] <= 64 * ROLLOUT
+    # the weights, one version of one policy a message, at least 0.1 s apart (WEIGHTS_EVERY_S)
+    assert 1 <= src["weights_sent"] <= 1 + s["wall_seconds"] / 0.1, (src, s["wall_seconds"])
+    assert src["weights_bytes_sent"] > src["weights_sent"] * 1_000_000  # CartPole's small-env model: 1.07 MB
 
 
 def test_intruders_are_refused_in_one_line_each_and_the_job_trains_on_then_ctrl_c_ends_its_sampler(train_dir):
@@ -347,6 +350,9 @@ def test_two_device_groups_fed_by_two_sampler_nodes_stay_identical_and_balance_t
             )
         taken.append(sum(v["env_steps_kept"] + v["env_steps_dropped"] for v in g["sources"].values()))
     assert taken[0] == taken[1] == s["env_steps"] // 2  # each replica's local batch, every iteration
+    # the replicas' weights are equal: group 0 alone sends them, at least the version of the join
+    assert all(src["weights_sent"] >= 1 for src in groups[0]["sources"].values()), groups[0]
+    assert all(src["weights_sent"] == src["weights_bytes_sent"] == 0 for src in groups[1]["sources"].values())
     # what each node says it sent arrived at one of the groups (but its last messages in flight at the end)
     for (_, _, err), name in zip(ended, sorted(groups[0]["sources"], key=lambda n: int(n.rsplit(":", 1)[1]))):
         received = sum(g["sources"][name]["env_steps_received"] for g in groups)

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 from msf.runner.sampler_node import NodeSettings, SamplerNode
 from msf.sampling.remote_sampler import RemoteSampler, tensorboard_scalars
-from msf.sampling.sampler_endpoint import Source
+from msf.sampling.sampler_endpoint import Source, weights_interval
 
 ROLLOUT = 32
 
@@ -98,3 +98,15 @@ def test_a_node_that_reported_less_than_it_sent_is_counted_as_sampled_what_it_se
     a = Source(0, "a:1", sent=5, sampled=3, received=5, taken=5)  # an old report (before its newest message)
     v = _remote([a]).sources({2: 5}, {}, ROLLOUT)["sources"]["a:1"]
     assert v["env_steps_sampled"] == v["env_steps_sent"] == 5 * ROLLOUT and v["env_steps_lost_in_flight"] == 0
+
+
+def test_the_weights_go_to_a_node_as_often_as_its_own_trajectories_or_10_mb_s_would_carry_them():
+    """Seconds between two weights messages: weights bytes / max(the node's trajectory bytes/s, 10 MB/s), within
+    [0.1, 1]: atari_pong's 7.4 MB model to a 16-core node sending 37 MB/s every 0.2 s; to a 2-core node sending
+    2 MB/s every 0.74 s (7.4 MB at 10 MB/s); CartPole's 1.07 MB at 10 MB/s: 0.107 s; tiny models 0.1 s; a 50 MB
+    model at most 1 s apart."""
+    assert weights_interval(7_400_000, 37e6) == 7_400_000 / 37e6
+    assert weights_interval(7_400_000, 2e6) == 7_400_000 / 10e6
+    assert weights_interval(1_070_000, 0.6e6) == 1_070_000 / 10e6
+    assert weights_interval(20_000, 1e9) == weights_interval(20_000, 0.0) == 0.1
+    assert weights_interval(50_000_000, 1e6) == 1.0

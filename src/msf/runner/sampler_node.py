@@ -77,6 +77,7 @@ class JobLink:
         self.endpoint = endpoint
         self.sent = 0  # trajectories sent on this link
         self.window, self.done = 1, 0  # flow control: at most `window` trajectories sent and not yet done
+        self.group = 0  # the device group it joined (group 0 sends the weights)
         self.join_header: dict = {}  # what a rejoin sends again
         self.seq = 0
         self.heard = time.monotonic()
@@ -240,8 +241,9 @@ class SamplerNode:
     @staticmethod
     def _accepted(link: JobLink, header: dict) -> None:
         """The job's ``window`` (flow control, :mod:`msf.sampling.wire`); nothing sent before counts against it."""
-        window = header.get("window")
+        window, group = header.get("window"), header.get("group")
         link.window = window if isinstance(window, int) and window > 0 else 1
+        link.group = group if isinstance(group, int) else 0
         link.done = link.sent
 
     # --- sampling -----------------------------------------------------------------------------
@@ -259,7 +261,7 @@ class SamplerNode:
         weights = [PublishedWeights(model) for _ in range(cfg.num_policies)]
         self.fields = wire.trajectory_fields(TrajectoryBuffer.layout(cfg, derived, spaces))
         self.model, self.weights, self.buffer = model, weights, buffer
-        self._receive_until_weights()
+        self._receive_until_weights(next((k for k in self.links if k.group == 0), self.link))
         use_quiet_executable()
         start_fork_server()
         log.info("sampler node: %d rollout worker(s) x %d envs of %s for %s", cfg.num_workers,
@@ -290,7 +292,7 @@ class SamplerNode:
             link.close()
 
     def _receive_until_weights(self, link: JobLink | None = None) -> None:
-        """The job sends its weights right after accepting: load them before any worker acts."""
+        """Device group 0 sends its weights right after accepting: load them before any worker acts."""
         _, header, payload = self._await(("weights",), None, link)
         self._load_weights(header, payload)
 
@@ -337,7 +339,7 @@ class SamplerNode:
         return None
 
     def _load_weights(self, header: dict, payload: list[bytes]) -> None:
-        """Load a policy's weights unless those loaded are as new (every group sends each version)."""
+        """Load a policy's weights unless those loaded are as new."""
         p, version = header.get("policy"), header.get("version")
         if not isinstance(p, int) or not 0 <= p < len(self.weights) or not isinstance(version, int):
             return

@@ -110,6 +110,8 @@ class RemoteSampler:
                 "episodes": s.episodes,
                 "policy_lag_mean": s.lag_sum / s.received if s.received else None,
                 "bytes_received": s.bytes,
+                "weights_sent": s.weights_sent,
+                "weights_bytes_sent": s.weights_bytes,
                 "joined_at_s": round(s.joined_s, 3),
                 "first_trajectory_at_s": None if s.first_trajectory_s is None else round(s.first_trajectory_s, 3),
             }

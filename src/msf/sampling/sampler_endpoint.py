@@ -12,9 +12,11 @@ Back-pressure: with no free remote slot, the thread holds the one message it che
 more until slots come back. Each sampler keeps at most ``window`` trajectories in flight or in the buffer
 (:mod:`~msf.sampling.wire`'s flow control): the thread tells it whenever the learner took some of its trajectories
 (``credit``) and every second (``ping``) how many it has accounted for; its rollout workers wait for slots meanwhile.
-Weights: after each change of a policy's published version (at most every :data:`WEIGHTS_EVERY_S`), a copy goes to
-every sampler that joined. Only this thread touches the sockets (ZeroMQ sockets are not thread-safe); the training
-loop's thread reads the counters.
+Weights: device group 0 sends each joined sampler the newest version of every policy that changed (the replicas'
+weights are equal, so the other groups send none), paced per sampler (:func:`weights_interval`): at most every
+:data:`WEIGHTS_EVERY_S`, at least every :data:`WEIGHTS_LATEST_S`, and in between so that the weights cost its link
+about what its trajectories do, or :data:`WEIGHTS_FREE_BYTES_S`, whichever is more. Only this thread touches the
+sockets (ZeroMQ sockets are not thread-safe); the training loop's thread reads the counters.
 """
 
 from __future__ import annotations
@@ -45,7 +47,9 @@ log = logging.getLogger("msf")
 
 PING_EVERY_S = 1.0  # a sign of life to every joined sampler
 SILENT_S = 10.0  # a sampler not heard from for this long is counted as gone
-WEIGHTS_EVERY_S = 0.1  # at most this often, a new version's weights to the samplers
+WEIGHTS_EVERY_S = 0.1  # at most this often, a new version's weights to a sampler
+WEIGHTS_LATEST_S = 1.0  # at least this often (when the version changed)
+WEIGHTS_FREE_BYTES_S = 10e6  # a weights stream any link carries unnoticed (8% of 1 Gb/s), bytes per second
 _REFUSED_HANDSHAKES = zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 
 
@@ -100,6 +104,15 @@ def _refusal(cfg: Config, shape_hash: str, kind: str, header: dict) -> str | Non
     return why
 
 
+def weights_interval(weights_bytes: int, trajectory_bytes_s: float) -> float:
+    """Seconds between two weights messages to one sampler: the time its link takes to carry ``weights_bytes``
+    (one version of every policy) at the rate of its trajectories (``trajectory_bytes_s``, bytes per second
+    received from it) or at :data:`WEIGHTS_FREE_BYTES_S`, whichever is faster, within
+    [:data:`WEIGHTS_EVERY_S`, :data:`WEIGHTS_LATEST_S`]: the weights stream costs a link at most about what the
+    sampler sends on it, or a rate too small to matter, and the sampler's policy is at most about a second old."""
+    return min(WEIGHTS_LATEST_S, max(WEIGHTS_EVERY_S, weights_bytes / max(trajectory_bytes_s, WEIGHTS_FREE_BYTES_S)))
+
+
 @dataclass
 class Source:
     """One sampler node, as the job counts it (trajectories unless said; agent steps are these x rollout)."""
@@ -115,6 +128,10 @@ class Source:
     rejected: int = 0  # in messages that failed their checks
     episodes: int = 0
     bytes: int = 0
+    weights_sent: int = 0  # weights messages sent to it (one policy's version each)
+    weights_bytes: int = 0
+    weights_due: float = 0.0  # time.monotonic() of its next weights, at the earliest
+    versions: dict[int, int] = field(default_factory=dict)  # per policy, the version sent to it
     lag_sum: float = 0.0  # policy lag (versions) of the received trajectories at arrival
     last_heard: float = field(default_factory=time.monotonic)
     left: bool = False  # said bye, or went silent
@@ -191,8 +208,8 @@ class SamplerEndpoint:
         self._monitor = self._sock.get_monitor_socket(_REFUSED_HANDSHAKES)
         self._parked: tuple[Source, list[int], dict[str, np.ndarray]] | None = None
         self._slot_source: dict[int, Source] = {}  # the source of each slot in the buffer
-        self._sent_version = [-1] * len(weights)
-        self._last_weights = self._last_ping = 0.0
+        self._signed: dict[int, tuple[int, list[bytes]]] = {}  # per policy: a version, its signed message
+        self._last_ping = 0.0
         self._logged: set[tuple[str, str]] = set()
         self._end: str | None = None
         self._stopped = threading.Event()
@@ -284,16 +301,36 @@ class SamplerEndpoint:
         return max(source.sent, source.received + source.rejected) - parked - (source.received - source.taken)
 
     def _send_weights(self, now: float, to: Sequence[Source] | None = None) -> None:
-        if to is None and now - self._last_weights < WEIGHTS_EVERY_S:
+        """Device group 0: each sampler of ``to`` (on a join: every version at once), or each whose pace allows
+        (:func:`weights_interval`), gets the versions it lacks. Each version is signed once for all."""
+        if self.group["group"] != 0:
             return
-        self._last_weights = now
-        for p, w in enumerate(self.weights):
-            if to is None and w.version == self._sent_version[p]:
+        for s in to if to is not None else self.connected():
+            if to is None and now < s.weights_due:
                 continue
-            version, tensors = w.snapshot()
-            self._sent_version[p] = version
-            header = {"policy": p, "version": version}
-            self._broadcast(wire.sign(self.key, "weights", header, [t.numpy() for t in tensors]), to)
+            sent = 0
+            for p, w in enumerate(self.weights):
+                if to is None and w.version == s.versions.get(p):
+                    continue
+                version, frames = self._signed_version(p)
+                s.versions[p] = version
+                self._broadcast(frames, [s])
+                sent += sum(map(len, frames))
+                s.weights_sent += 1
+            if sent:
+                s.weights_bytes += sent
+                first = s.first_trajectory_s
+                elapsed = 0.0 if first is None else now - self.started - first  # seconds it has sent trajectories
+                s.weights_due = now + weights_interval(sent, s.bytes / elapsed if elapsed > 1.0 else 0.0)
+
+    def _signed_version(self, p: int) -> tuple[int, list[bytes]]:
+        """Policy ``p``'s newest version and its signed weights message (made once per version)."""
+        cached = self._signed.get(p)
+        if cached is None or cached[0] != self.weights[p].version:
+            version, tensors = self.weights[p].snapshot()
+            frames = wire.sign(self.key, "weights", {"policy": p, "version": version}, [t.numpy() for t in tensors])
+            cached = self._signed[p] = (version, frames)
+        return cached
 
     def _note_silent(self, now: float) -> None:
         for s in self.sources.values():
