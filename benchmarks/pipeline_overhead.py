@@ -22,11 +22,11 @@ the CPU can sample at. (c) / (b) is what the policy's arithmetic costs on these 
 
 Workloads: CartPole-v1 with Sample Factory's CartPole command line (``throughput.SF_CARTPOLE``), then with 256 envs
 per worker, and with each split stepped as one EnvPool (``--env_backend=envpool``, what ``--batched_sampling=True``
-means) at 20 and 256 envs per worker; atari_pong and doom_basic with Sample Factory's family arguments
-(``families.WORKLOADS``), and atari_pong with EnvPool. (a) is always the gymnasium loop; for an EnvPool or vector row
-the table also gives the raw loop of the backend itself (one pool or vector env of a worker's envs per process,
-stepped bare), and (b) over it. With ``--train_seconds``, each workload also trains (``msf-train``) for its training
-frames/s.
+means) or one vector env (``--env_backend=vector``) at 20 and 256 envs per worker; atari_pong and doom_basic with
+Sample Factory's family arguments (``families.WORKLOADS``), and atari_pong with EnvPool and with ale-py's vector env.
+(a) is always the gymnasium loop; for an EnvPool or vector row the table also gives the raw loop of the backend
+itself (one pool or vector env of a worker's envs per process, stepped bare), and (b) over it. With
+``--train_seconds``, each workload also trains (``msf-train``) for its training frames/s.
 
 Usage: python benchmarks/pipeline_overhead.py [--seconds 30] [--only "CartPole-v1, EnvPool" atari_pong ...]
        [--train_seconds 60]
@@ -57,7 +57,7 @@ def workloads() -> dict[str, tuple[list[str], int]]:
     """name -> (msf flags, frames per env step). The CartPole rows beyond Sample Factory's line: 256 envs per
     worker, and each split stepped as one EnvPool (``--env_backend=envpool``) or as gymnasium's CartPoleVectorEnv
     (``--env_backend=vector``), at 20 and 256 envs per worker (vector: also 2048); the Atari workloads also with
-    EnvPool."""
+    EnvPool and with ale-py's vector env."""
     out = {
         "CartPole-v1": (list(SF_CARTPOLE), 1),
         "CartPole-v1, 256 envs/worker": ([*SF_CARTPOLE, *MANY], 1),
@@ -69,8 +69,9 @@ def workloads() -> dict[str, tuple[list[str], int]]:
     }
     for name, flags in WORKLOADS.items():
         out[name] = ([*flags, "--device=cpu"], 4)
-        if name.startswith("atari_"):  # EnvPool's Atari: ALE and the preprocessing in C++
+        if name.startswith("atari_"):  # EnvPool's Atari: ALE and the preprocessing in C++; ale-py's AtariVectorEnv
             out[f"{name}, EnvPool"] = ([*flags, "--device=cpu", *ENVPOOL], 4)
+            out[f"{name}, vector"] = ([*flags, "--device=cpu", *VECTOR], 4)
     return out
 
 

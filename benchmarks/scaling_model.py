@@ -439,17 +439,18 @@ def sampler_nodes_main(a: argparse.Namespace) -> None:
     print("| run | predicted | measured | measured / predicted |")
     print("|---|---|---|---|")
     with tempfile.TemporaryDirectory() as td:
-        remote = sn.arm(a.workload, True, a.check_frames, td)
-        local = sn.arm(a.workload, False, a.check_frames, td)
-    print(f"| sampler node (this run) | {predicted:,.0f} | {remote['fps']:,} | {remote['fps'] / predicted:.2f} |")
+        remote = sn.arm(a.workload, "loopback", a.check_frames, td)
+        local = sn.arm(a.workload, "local", a.check_frames, td)
+    r_fps, l_fps = remote["frames_per_s"], local["frames_per_s"]
+    print(f"| sampler node (this run) | {predicted:,.0f} | {r_fps:,} | {r_fps / predicted:.2f} |")
     # the same work without the transport: how much of the miss is the sampling and learning, how much the transport
     local_predicted = min(cores * i.node_busy / (i.node_core_s + i.learner_s), 1.0 / i.learner_s) * i.frames
-    print(
-        f"| all-local (this run) | {local_predicted:,.0f} | {local['fps']:,} | {local['fps'] / local_predicted:.2f} |"
-    )
-    ratio = remote["fps"] / local["fps"]
-    print(f"node / all-local: predicted {predicted / local_predicted:.2f}, measured {ratio:.2f}; "
-          f"bytes per frame {remote['bytes_per_frame']}")  # fmt: skip
+    print(f"| all-local (this run) | {local_predicted:,.0f} | {l_fps:,} | {l_fps / local_predicted:.2f} |")
+    ratio = r_fps / l_fps
+    r_st, l_st = remote["steady_frames_per_s"], local["steady_frames_per_s"]
+    steady = f"{r_st / l_st:.2f}" if r_st and l_st else "-"
+    print(f"node / all-local: predicted {predicted / local_predicted:.2f}, measured {ratio:.2f} (steady state "
+          f"{steady}); bytes per frame {remote['bytes_per_frame']}")  # fmt: skip
     recorded = _recorded_fed_runs(a.workload)
     for r in recorded:
         print(f"| recorded: {r['arm']}, round {r['round']} (another invocation) | {predicted:,.0f} | "
@@ -522,7 +523,7 @@ def main() -> None:
     ap.add_argument("--skip_check", action="store_true", help="no msf-train runs of 2 groups and 2 nodes")
     ap.add_argument("--sampler_nodes", action="store_true", help="the model of a learner fed by sampler nodes")
     ap.add_argument("--link_mbps", type=float, default=1250.0, help="sampler nodes' link, MB/s (10 Gbit/s)")
-    ap.add_argument("--check_frames", type=int, default=100_000, help="frames of each sampler-node check run")
+    ap.add_argument("--check_frames", type=int, default=200_000, help="frames of each sampler-node check run")
     ap.add_argument("--_allreduce_rank", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--_addr", default="127.0.0.1", help=argparse.SUPPRESS)
     ap.add_argument("--_port", type=int, default=0, help=argparse.SUPPRESS)
