@@ -130,7 +130,7 @@ class Source:
     bytes: int = 0
     weights_sent: int = 0  # weights messages sent to it (one policy's version each)
     weights_bytes: int = 0
-    weights_due: float = 0.0  # time.monotonic() of its next weights, at the earliest
+    weights_due: float = 0.0  # when its next weights may go, at the earliest (the joined_s clock)
     versions: dict[int, int] = field(default_factory=dict)  # per policy, the version sent to it
     lag_sum: float = 0.0  # policy lag (versions) of the received trajectories at arrival
     last_heard: float = field(default_factory=time.monotonic)
@@ -147,6 +147,31 @@ class Source:
             self.sent = max(self.sent, sent)
         if isinstance(sampled, int):
             self.sampled = sampled
+
+    def weights_went(self, now_s: float, sent: int) -> None:
+        """``sent`` bytes of weights went to it at ``now_s`` (the ``joined_s`` clock): count them and pace its next
+        (:func:`weights_interval`, at the rate of the trajectory bytes it sent since its first)."""
+        self.weights_bytes += sent
+        elapsed = 0.0 if self.first_trajectory_s is None else now_s - self.first_trajectory_s
+        self.weights_due = now_s + weights_interval(sent, self.bytes / elapsed if elapsed > 1.0 else 0.0)
+
+
+class SignedWeights:
+    """Each policy's newest published weights as one signed ``weights`` message (:mod:`~msf.sampling.wire`), made
+    once per version whatever the number of samplers it goes to."""
+
+    def __init__(self, key: bytes, weights: Sequence[PublishedWeights]):
+        self.key, self.weights = key, weights
+        self._signed: dict[int, tuple[int, list[bytes]]] = {}
+
+    def newest(self, p: int) -> tuple[int, list[bytes]]:
+        """Policy ``p``'s newest version and its signed message's frames."""
+        cached = self._signed.get(p)
+        if cached is None or cached[0] != self.weights[p].version:
+            version, tensors = self.weights[p].snapshot()
+            frames = wire.sign(self.key, "weights", {"policy": p, "version": version}, [t.numpy() for t in tensors])
+            cached = self._signed[p] = (version, frames)
+        return cached
 
 
 class SamplerEndpoint:
@@ -208,7 +233,7 @@ class SamplerEndpoint:
         self._monitor = self._sock.get_monitor_socket(_REFUSED_HANDSHAKES)
         self._parked: tuple[Source, list[int], dict[str, np.ndarray]] | None = None
         self._slot_source: dict[int, Source] = {}  # the source of each slot in the buffer
-        self._signed: dict[int, tuple[int, list[bytes]]] = {}  # per policy: a version, its signed message
+        self._signed = SignedWeights(key, weights)
         self._last_ping = 0.0
         self._logged: set[tuple[str, str]] = set()
         self._end: str | None = None
@@ -301,36 +326,22 @@ class SamplerEndpoint:
         return max(source.sent, source.received + source.rejected) - parked - (source.received - source.taken)
 
     def _send_weights(self, now: float, to: Sequence[Source] | None = None) -> None:
-        """Device group 0: each sampler of ``to`` (on a join: every version at once), or each whose pace allows
-        (:func:`weights_interval`), gets the versions it lacks. Each version is signed once for all."""
+        """Group 0: the versions each of ``to`` (joining) or each whose pace allows (:func:`weights_interval`) lacks."""
         if self.group["group"] != 0:
             return
         for s in to if to is not None else self.connected():
-            if to is None and now < s.weights_due:
+            if to is None and now - self.started < s.weights_due:
                 continue
             sent = 0
             for p, w in enumerate(self.weights):
                 if to is None and w.version == s.versions.get(p):
                     continue
-                version, frames = self._signed_version(p)
-                s.versions[p] = version
+                s.versions[p], frames = self._signed.newest(p)
                 self._broadcast(frames, [s])
                 sent += sum(map(len, frames))
                 s.weights_sent += 1
             if sent:
-                s.weights_bytes += sent
-                first = s.first_trajectory_s
-                elapsed = 0.0 if first is None else now - self.started - first  # seconds it has sent trajectories
-                s.weights_due = now + weights_interval(sent, s.bytes / elapsed if elapsed > 1.0 else 0.0)
-
-    def _signed_version(self, p: int) -> tuple[int, list[bytes]]:
-        """Policy ``p``'s newest version and its signed weights message (made once per version)."""
-        cached = self._signed.get(p)
-        if cached is None or cached[0] != self.weights[p].version:
-            version, tensors = self.weights[p].snapshot()
-            frames = wire.sign(self.key, "weights", {"policy": p, "version": version}, [t.numpy() for t in tensors])
-            cached = self._signed[p] = (version, frames)
-        return cached
+                s.weights_went(now - self.started, sent)
 
     def _note_silent(self, now: float) -> None:
         for s in self.sources.values():
