@@ -191,6 +191,7 @@ def test_the_device_env_flags_rules():
         "--num_policies: torch_cartpole": dict(env="torch_cartpole", env_gpu_actions=True, num_policies=2),
         "--worker_num_splits: torch_cartpole": dict(env="torch_cartpole", env_gpu_actions=True, worker_num_splits=2),
         "--env_backend: torch_cartpole": dict(env="torch_cartpole", env_gpu_actions=True, env_backend="envpool"),
+        "--sampler_port: torch_cartpole": dict(env="torch_cartpole", env_gpu_actions=True, sampler_port=29600),
     }
     for start, flags in refusals.items():
         with pytest.raises(ConfigError) as e:

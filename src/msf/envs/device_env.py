@@ -127,7 +127,7 @@ def resolve_device_env(cfg: Config, given: set[str], nproc_per_node: int) -> Con
     Raises:
         ConfigError: one line per contradiction: a device env without both flags, ``--env_gpu_actions`` with a CPU
             env, ``--actor_worker_gpus`` given, or a device env with flags that need rollout worker processes,
-            several policies or EnvPool.
+            several policies, EnvPool or sampler nodes.
     """
     p = Problems()
     p.check(
@@ -161,6 +161,11 @@ def resolve_device_env(cfg: Config, given: set[str], nproc_per_node: int) -> Con
         "worker process: leave it out",
     )
     p.check(cfg.env_backend == "gymnasium", "env_backend", f"{why}: it steps itself; leave --env_backend out")
+    p.check(
+        not cfg.sampler_port,
+        "sampler_port",
+        f"{why}: sampler nodes feed rollout worker trajectories, and it has none; leave --sampler_port out",
+    )
     p.raise_if_any()
     return dataclasses.replace(cfg, num_workers=nproc_per_node, worker_num_splits=1)
 
