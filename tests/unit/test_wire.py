@@ -276,3 +276,40 @@ def test_a_node_of_another_wire_format_is_refused_in_one_line():
     assert _refusal(cfg, "h", "hello", {"msf_version": v}) == (
         f"msf version {v} (wire format 1), the job runs {v} (wire format {wire.WIRE_VERSION})"
     )
+
+
+def test_two_nodes_with_one_host_and_pid_are_two_peers_of_the_job():
+    """Two sampler nodes whose host name and pid agree (two containers with the host's network, each node its
+    pid 1; here two links of one process): the job's ROUTER socket would ignore the second with the first's
+    routing id, which then waited ``--connect_timeout`` for an answer that never came."""
+    import zmq
+
+    from msf.runner.sampler_node import JobLink
+
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    links = [JobLink(f"127.0.0.1:{port}", f"tcp://127.0.0.1:{port}", KEY, 5.0) for _ in range(2)]
+    try:
+        for i, link in enumerate(links):
+            assert link.send("hello", {"node": i}, wait_s=5.0)
+        idents = {}
+        for _ in links:
+            assert router.poll(5000), f"the job heard {len(idents)} of 2 nodes"
+            ident, *frames = router.recv_multipart()
+            idents[wire.verify(KEY, frames)[1]["node"]] = ident
+        assert idents[0] != idents[1]
+        assert all(
+            ident.decode().startswith(f"{__import__('socket').gethostname()}:{os.getpid()}")
+            for ident in idents.values()
+        )
+        for i, link in enumerate(links):  # each answer reaches its own node
+            router.send_multipart([idents[i], *wire.sign(KEY, "config", {"node": i})])
+            msg = link.recv(5.0)
+            assert msg is not None and msg[1]["node"] == i
+    finally:
+        for link in links:
+            link.sock.close(0)
+            link.ctx.term()
+        router.close(0)
+        ctx.term()
