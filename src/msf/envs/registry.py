@@ -217,13 +217,14 @@ def make_env(name: str, env_config: dict[str, Any] | None = None, render_mode: s
     """Create one environment.
 
     Raises:
-        ConfigError: the name is neither registered here nor a gymnasium id; or the env's maker (or constructor)
-            raised: one line naming the env, the exception and where it was raised (the exception is its
-            ``__cause__``).
+        ConfigError: the name is neither registered here nor a gymnasium id, or only as a vector env; or the env's
+            maker (or constructor) raised: one line naming the env, the exception and where it was raised (the
+            exception is its ``__cause__``).
         ValueError: the env's spaces are not those declared for it (:func:`declare_spaces`).
     """
     env_config = dict(env_config or {})
     key, fn = _resolve(name)
+    check_single_env(name)
     if fn is not None:
         if render_mode is not None:
             env_config["render_mode"] = render_mode
@@ -257,6 +258,21 @@ def make_env(name: str, env_config: dict[str, Any] | None = None, render_mode: s
     except Exception as e:  # noqa: BLE001 - the env's constructor: any exception is named in one line
         _maker_failed(name, e)
     return _check_declared(name, env)
+
+
+def check_single_env(name: str) -> None:
+    """Check that one env of ``name`` can be made (the gymnasium backend, ``msf-enjoy``).
+
+    Raises:
+        ConfigError: ``name`` is registered only with :func:`register_vector_env` (not with :func:`register_env`,
+            gymnasium or as a family).
+    """
+    key, fn = _resolve(name)
+    if fn is None and name.rpartition(":")[2] in _VECTOR and not _is_gym_id(key):
+        raise ConfigError(
+            f"--env_backend: {name!r} is registered only as a vector env (msf.envs.register_vector_env) and this "
+            "needs one env: train it with --env_backend=vector, or register one env with msf.envs.register_env too"
+        )
 
 
 def _nearest(short: str) -> str:
