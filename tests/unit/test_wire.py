@@ -313,3 +313,51 @@ def test_two_nodes_with_one_host_and_pid_are_two_peers_of_the_job():
             link.ctx.term()
         router.close(0)
         ctx.term()
+
+
+@pytest.mark.parametrize(
+    "env, line",
+    [
+        ("NoSuchEnv-v0", "msf-sampler: error: --env: unknown environment 'NoSuchEnv-v0'"),
+        ("no_such_module:Env", "msf-sampler: error: --env: cannot import module 'no_such_module'"),
+    ],
+)
+def test_a_node_that_cannot_make_the_jobs_env_exits_2_in_one_line_and_never_says_bye(env, line, tmp_path, capsys):
+    """The env comes from the job (``--env=module:Id`` whose module this machine lacks) or from the node's own
+    ``--env``: making it fails on the node, before it joins. One line and exit 2 (bad input), not a traceback; no
+    ``bye`` (the job would log it as a message before joining)."""
+    import threading
+
+    import zmq
+
+    from msf.cfg.config import Config
+    from msf.sampler import main
+
+    key_file = tmp_path / "k.key"
+    key_file.write_text(KEY.hex() + "\n")
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    heard: list[str] = []
+
+    def job() -> None:  # answers the first hello with its config, then records what else comes
+        while router.poll(3000):
+            ident, *frames = router.recv_multipart()
+            kind, _, _ = wire.verify(KEY, frames)
+            heard.append(kind)
+            if kind == "hello" and heard.count("hello") == 1:
+                config = Config(env="CartPole-v1").to_dict()
+                router.send_multipart([ident, *wire.sign(KEY, "config", {"msf_version": "x", "config": config})])
+
+    t = threading.Thread(target=job)
+    t.start()
+    try:
+        argv = [f"--connect=127.0.0.1:{port}", f"--sampler_key_file={key_file}", "--num_workers=1"]
+        rc = main([*argv, f"--env={env}", "--connect_timeout=10"])
+    finally:
+        t.join()
+        router.close(0)
+        ctx.term()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err[-1].startswith(line) and not any("Traceback" in e for e in err), err
+    assert "bye" not in heard, heard
