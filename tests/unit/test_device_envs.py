@@ -94,6 +94,8 @@ class Countdown:
             rew[1] = value
         elif field == "device":
             obs = obs.to("meta")
+        elif field == "float_term":
+            term = term.float()
         return obs, rew, term, torch.zeros_like(term)
 
     def close(self):
@@ -154,6 +156,7 @@ def test_the_device_sampler_writes_whole_rollouts_and_counts_episodes_by_hand():
         ),
         ({2: ("reward", float("inf"))}, "countdown_bad returned a non-finite reward (inf) for env 1 at episode step 2"),
         ({3: ("device", 0)}, "countdown_bad returned its observations on meta, not on its device group's cpu"),
+        ({2: ("float_term", 0)}, "countdown_bad returned its terminated flags as torch.float32, not torch.bool"),
     ],
 )
 def test_a_bad_step_fails_in_one_line_naming_env_group_and_step(bad, line):
