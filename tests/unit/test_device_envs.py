@@ -200,3 +200,20 @@ def test_the_device_env_flags_rules():
         with pytest.raises(ConfigError) as e:
             _resolve(**flags)
         assert str(e.value).startswith(start) and len(e.value.problems) == 1, str(e.value)
+
+
+def test_a_device_env_factory_that_raises_is_named_in_one_line_as_a_cpu_envs_maker_is():
+    """The factory is the user's code (a simulator without its licence, a missing GPU): the line names the env, the
+    exception and where it was raised, as for a CPU env's maker, not the exception's text alone."""
+    from msf.envs.device_env import make_device_env
+
+    def no_licence(num_envs, device, seed, env_config):
+        raise RuntimeError("simulator licence not found")
+
+    register_device_env("unlicensed_sim", no_licence, Countdown.observation_space, Countdown.action_space)
+    cfg = tiny_config(env="unlicensed_sim")
+    with pytest.raises(ConfigError) as e:
+        make_device_env(cfg, 4, torch.device("cpu"), 0, {})
+    line = "--env=unlicensed_sim: making the env raised RuntimeError: simulator licence not found (test_device_envs.py:"
+    assert str(e.value).startswith(line) and str(e.value).endswith(", in no_licence)"), str(e.value)
+    assert isinstance(e.value.__cause__, RuntimeError)

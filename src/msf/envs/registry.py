@@ -233,7 +233,7 @@ def make_env(name: str, env_config: dict[str, Any] | None = None, render_mode: s
         except ConfigError:
             raise
         except Exception as e:  # noqa: BLE001 - the user's code: any exception is named in one line
-            _maker_failed(name, e)
+            maker_failed(name, e)
         return _check_declared(name, flatten_dict_obs(env))
     try:
         # the env checker costs ~10 us per step on tiny envs, and runs only on the first steps anyway
@@ -243,7 +243,7 @@ def make_env(name: str, env_config: dict[str, Any] | None = None, render_mode: s
         if unsent is not None:
             raise ConfigError(f"--env: environment {name!r} is not registered in this process: {unsent}") from None
         if _is_gym_id(key):  # registered: its constructor raised (a missing dependency, say)
-            _maker_failed(name, e)
+            maker_failed(name, e)
         module, _, short = name.rpartition(":")
         nearest = _nearest(short)
         if module:  # imported without error (_resolve): nothing registers this name
@@ -256,7 +256,7 @@ def make_env(name: str, env_config: dict[str, Any] | None = None, render_mode: s
             "'module:Id' to import a module that registers it, or a name passed to msf.envs.register_env"
         ) from None
     except Exception as e:  # noqa: BLE001 - the env's constructor: any exception is named in one line
-        _maker_failed(name, e)
+        maker_failed(name, e)
     return _check_declared(name, env)
 
 
@@ -282,7 +282,7 @@ def _nearest(short: str) -> str:
     return f"; nearest registered names: {', '.join(map(repr, near))}" if near else ""
 
 
-def _maker_failed(name: str, e: Exception) -> NoReturn:
+def maker_failed(name: str, e: Exception) -> NoReturn:
     """Raise one line for an env maker that raised ``e``: the env, the exception's type and first line, and the
     innermost frame (file, line, function) it came from; ``e`` is its ``__cause__``.
 
