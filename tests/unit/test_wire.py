@@ -361,3 +361,27 @@ def test_a_node_that_cannot_make_the_jobs_env_exits_2_in_one_line_and_never_says
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and err[-1].startswith(line) and not any("Traceback" in e for e in err), err
     assert "bye" not in heard, heard
+
+
+def test_a_node_stopped_before_it_sent_its_join_says_no_bye():
+    """Ctrl-C while the node waits for the job's config: a ``bye`` would reach the job as a message before joining
+    (a warning in its log for a node that did nothing wrong). After its join, it says bye."""
+    import threading
+
+    import zmq
+
+    from msf.runner.sampler_node import JobLink, NodeSettings, SamplerNode
+
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    heard = []
+    for join_header in ({}, {"env": "CartPole-v1"}):
+        link = JobLink(f"127.0.0.1:{port}", f"tcp://127.0.0.1:{port}", KEY, 5.0)
+        link.join_header = join_header
+        SamplerNode(link, NodeSettings(1, 2), threading.Event()).close("stopped")
+        while router.poll(500):
+            heard.append((bool(join_header), wire.verify(KEY, router.recv_multipart()[1:])[0]))
+    router.close(0)
+    ctx.term()
+    assert heard == [(True, "bye")]

@@ -284,9 +284,9 @@ class SamplerNode:
         return "stopped"
 
     def close(self, reason: str) -> None:
-        """Say bye (unless the job ended), stop the workers, close the socket."""
+        """Say bye (unless the job ended, or the node never sent its join), stop the workers, close the socket."""
         for link in self.links:
-            if reason == "stopped":
+            if reason == "stopped" and link.join_header:
                 link.send("bye", {"sampled": self._sampled(link)}, wait_s=0.5)
         if self.sampler is not None:
             self.sampler.close()
