@@ -88,6 +88,7 @@ def resolve(address: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Parse, check, join and sample; return the exit code (see :data:`DESCRIPTION`)."""
     args = parse(argv)
+    from msf.cfg.validation import ConfigError
     from msf.persistence.summaries import setup_logging
     from msf.runner.sampler_node import JobLink, JobLost, NodeSettings, Refused, SamplerNode
     from msf.runtime.reaping import ChildDied
@@ -130,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         reason = node.run()
     except KeyboardInterrupt:
         reason = "stopped"
-    except Refused as e:
+    except (Refused, ConfigError) as e:  # ConfigError: the job's env (or --env) cannot be made here
         reason = "refused"
         return error(str(e), EXIT_REFUSED)
     except JobLost as e:

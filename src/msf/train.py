@@ -279,7 +279,7 @@ def prepare(cfg: Config, given: set[str]) -> tuple[Config, EnvSpaces, NodePlan, 
     from msf.distributed.nodes import discover
     from msf.envs.device_env import device_env_entry, device_env_spaces, resolve_device_env
     from msf.envs.families import apply_family_defaults, eval_frameskip
-    from msf.envs.registry import env_config_of, env_info_key, env_spaces, load_env_info
+    from msf.envs.registry import check_single_env, env_config_of, env_info_key, env_spaces, load_env_info
     from msf.runner.experiment import resume_config
     from msf.runner.launch import resolve
 
@@ -307,6 +307,8 @@ def prepare(cfg: Config, given: set[str]) -> tuple[Config, EnvSpaces, NodePlan, 
         from msf.envs.vector import check_backend
 
         check_backend(cfg, spaces)
+    elif device_env is None:
+        check_single_env(cfg.env)
     model = check_model(cfg, spaces)
     if device_env is None:  # a device env's buffer is on its device, not in shared memory
         check_shared_memory(cfg, spaces, model)

@@ -177,7 +177,10 @@ def test_intruders_are_refused_in_one_line_each_and_the_job_trains_on_then_ctrl_
     assert rj == 0 and rg == 0, (ej[-2000:], eg[-2000:])
     assert ended_after <= 15, ended_after
     text = log.read_text()
-    assert len(re.findall(r"sampler node vm:\d+: message dropped: the message failed authentication", text)) == 1
+    assert (
+        len(re.findall(r"sampler node \S+:\d+-[0-9a-f]{4}: message dropped: the message failed authentication", text))
+        == 1
+    )
     assert len(re.findall(r"sampler node \S+ refused: env 'Acrobot-v1', the job trains 'CartPole-v1'", text)) == 1
     intruders = re.findall(r"sampler node peer-\w+: message dropped|a connection that is not a ZeroMQ peer", text)
     assert 1 <= len(intruders) <= 2, text  # the random bytes: one line per connection at most
@@ -354,7 +357,9 @@ def test_two_device_groups_fed_by_two_sampler_nodes_stay_identical_and_balance_t
     assert all(src["weights_sent"] >= 1 for src in groups[0]["sources"].values()), groups[0]
     assert all(src["weights_sent"] == src["weights_bytes_sent"] == 0 for src in groups[1]["sources"].values())
     # what each node says it sent arrived at one of the groups (but its last messages in flight at the end)
-    for (_, _, err), name in zip(ended, sorted(groups[0]["sources"], key=lambda n: int(n.rsplit(":", 1)[1]))):
+    for (_, _, err), name in zip(
+        ended, sorted(groups[0]["sources"], key=lambda n: int(n.rsplit(":", 1)[1].split("-")[0]))
+    ):
         received = sum(g["sources"][name]["env_steps_received"] for g in groups)
         assert 0 <= node_sent(err) * ROLLOUT - received <= 64 * ROLLOUT, (name, err[-500:])
     (last,) = sorted((exp / "checkpoint_p0").glob("checkpoint_*.pth"))[-1:]

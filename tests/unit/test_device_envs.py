@@ -94,6 +94,8 @@ class Countdown:
             rew[1] = value
         elif field == "device":
             obs = obs.to("meta")
+        elif field == "float_term":
+            term = term.float()
         return obs, rew, term, torch.zeros_like(term)
 
     def close(self):
@@ -154,6 +156,7 @@ def test_the_device_sampler_writes_whole_rollouts_and_counts_episodes_by_hand():
         ),
         ({2: ("reward", float("inf"))}, "countdown_bad returned a non-finite reward (inf) for env 1 at episode step 2"),
         ({3: ("device", 0)}, "countdown_bad returned its observations on meta, not on its device group's cpu"),
+        ({2: ("float_term", 0)}, "countdown_bad returned its terminated flags as torch.float32, not torch.bool"),
     ],
 )
 def test_a_bad_step_fails_in_one_line_naming_env_group_and_step(bad, line):
@@ -191,8 +194,26 @@ def test_the_device_env_flags_rules():
         "--num_policies: torch_cartpole": dict(env="torch_cartpole", env_gpu_actions=True, num_policies=2),
         "--worker_num_splits: torch_cartpole": dict(env="torch_cartpole", env_gpu_actions=True, worker_num_splits=2),
         "--env_backend: torch_cartpole": dict(env="torch_cartpole", env_gpu_actions=True, env_backend="envpool"),
+        "--sampler_port: torch_cartpole": dict(env="torch_cartpole", env_gpu_actions=True, sampler_port=29600),
     }
     for start, flags in refusals.items():
         with pytest.raises(ConfigError) as e:
             _resolve(**flags)
         assert str(e.value).startswith(start) and len(e.value.problems) == 1, str(e.value)
+
+
+def test_a_device_env_factory_that_raises_is_named_in_one_line_as_a_cpu_envs_maker_is():
+    """The factory is the user's code (a simulator without its licence, a missing GPU): the line names the env, the
+    exception and where it was raised, as for a CPU env's maker, not the exception's text alone."""
+    from msf.envs.device_env import make_device_env
+
+    def no_licence(num_envs, device, seed, env_config):
+        raise RuntimeError("simulator licence not found")
+
+    register_device_env("unlicensed_sim", no_licence, Countdown.observation_space, Countdown.action_space)
+    cfg = tiny_config(env="unlicensed_sim")
+    with pytest.raises(ConfigError) as e:
+        make_device_env(cfg, 4, torch.device("cpu"), 0, {})
+    line = "--env=unlicensed_sim: making the env raised RuntimeError: simulator licence not found (test_device_envs.py:"
+    assert str(e.value).startswith(line) and str(e.value).endswith(", in no_licence)"), str(e.value)
+    assert isinstance(e.value.__cause__, RuntimeError)

@@ -263,3 +263,33 @@ def test_a_non_finite_reward_of_a_vector_env_fails_in_one_line_naming_env_worker
     assert (
         str(e.value) == "MsfNanVector returned a non-finite reward (nan) on rollout worker 0, env 1, at episode step 3"
     )
+
+
+def test_an_env_registered_only_as_a_vector_env_is_refused_before_the_workers_with_the_gymnasium_backend(tmp_path):
+    """With its spaces declared, nothing made one env before the workers: each rollout worker then failed with
+    "'X' is not registered ...; nearest registered names: 'X'". The gymnasium backend makes one env at a time."""
+    from msf.cfg.arguments import parse_args
+    from msf.cfg.validation import ConfigError
+    from msf.envs.registry import declare_spaces, make_env, register_vector_env
+    from msf.train import prepare
+
+    register_vector_env("MsfVectorOnly", make_nan_reward)
+    declare_spaces("MsfVectorOnly", *_nan_reward_spaces())
+    line = (
+        "--env_backend: 'MsfVectorOnly' is registered only as a vector env (msf.envs.register_vector_env) and this "
+        "needs one env: train it with --env_backend=vector, or register one env with msf.envs.register_env too"
+    )
+    with pytest.raises(ConfigError) as e:
+        make_env("MsfVectorOnly", {"env_index": 0})
+    assert str(e.value) == line
+    argv = ["--env=MsfVectorOnly", "--device=cpu", "--num_workers=1", f"--train_dir={tmp_path}"]
+    with pytest.raises(ConfigError) as e:
+        prepare(*parse_args(argv))
+    assert str(e.value) == line
+    cfg = prepare(*parse_args([*argv, "--env_backend=vector"]))[0]  # the vector backend takes it
+    assert cfg.env_backend == "vector"
+
+
+def _nan_reward_spaces() -> tuple[gym.Space, gym.Space]:
+    venv = make_nan_reward("MsfVectorOnly", 1, {"env_index": 0})
+    return venv.single_observation_space, venv.single_action_space

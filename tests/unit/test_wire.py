@@ -276,3 +276,112 @@ def test_a_node_of_another_wire_format_is_refused_in_one_line():
     assert _refusal(cfg, "h", "hello", {"msf_version": v}) == (
         f"msf version {v} (wire format 1), the job runs {v} (wire format {wire.WIRE_VERSION})"
     )
+
+
+def test_two_nodes_with_one_host_and_pid_are_two_peers_of_the_job():
+    """Two sampler nodes whose host name and pid agree (two containers with the host's network, each node its
+    pid 1; here two links of one process): the job's ROUTER socket would ignore the second with the first's
+    routing id, which then waited ``--connect_timeout`` for an answer that never came."""
+    import zmq
+
+    from msf.runner.sampler_node import JobLink
+
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    links = [JobLink(f"127.0.0.1:{port}", f"tcp://127.0.0.1:{port}", KEY, 5.0) for _ in range(2)]
+    try:
+        for i, link in enumerate(links):
+            assert link.send("hello", {"node": i}, wait_s=5.0)
+        idents = {}
+        for _ in links:
+            assert router.poll(5000), f"the job heard {len(idents)} of 2 nodes"
+            ident, *frames = router.recv_multipart()
+            idents[wire.verify(KEY, frames)[1]["node"]] = ident
+        assert idents[0] != idents[1]
+        assert all(
+            ident.decode().startswith(f"{__import__('socket').gethostname()}:{os.getpid()}")
+            for ident in idents.values()
+        )
+        for i, link in enumerate(links):  # each answer reaches its own node
+            router.send_multipart([idents[i], *wire.sign(KEY, "config", {"node": i})])
+            msg = link.recv(5.0)
+            assert msg is not None and msg[1]["node"] == i
+    finally:
+        for link in links:
+            link.sock.close(0)
+            link.ctx.term()
+        router.close(0)
+        ctx.term()
+
+
+@pytest.mark.parametrize(
+    "env, line",
+    [
+        ("NoSuchEnv-v0", "msf-sampler: error: --env: unknown environment 'NoSuchEnv-v0'"),
+        ("no_such_module:Env", "msf-sampler: error: --env: cannot import module 'no_such_module'"),
+    ],
+)
+def test_a_node_that_cannot_make_the_jobs_env_exits_2_in_one_line_and_never_says_bye(env, line, tmp_path, capsys):
+    """The env comes from the job (``--env=module:Id`` whose module this machine lacks) or from the node's own
+    ``--env``: making it fails on the node, before it joins. One line and exit 2 (bad input), not a traceback; no
+    ``bye`` (the job would log it as a message before joining)."""
+    import threading
+
+    import zmq
+
+    from msf.cfg.config import Config
+    from msf.sampler import main
+
+    key_file = tmp_path / "k.key"
+    key_file.write_text(KEY.hex() + "\n")
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    heard: list[str] = []
+
+    def job() -> None:  # answers the first hello with its config, then records what else comes
+        while router.poll(3000):
+            ident, *frames = router.recv_multipart()
+            kind, _, _ = wire.verify(KEY, frames)
+            heard.append(kind)
+            if kind == "hello" and heard.count("hello") == 1:
+                config = Config(env="CartPole-v1").to_dict()
+                router.send_multipart([ident, *wire.sign(KEY, "config", {"msf_version": "x", "config": config})])
+
+    t = threading.Thread(target=job)
+    t.start()
+    try:
+        argv = [f"--connect=127.0.0.1:{port}", f"--sampler_key_file={key_file}", "--num_workers=1"]
+        rc = main([*argv, f"--env={env}", "--connect_timeout=10"])
+    finally:
+        t.join()
+        router.close(0)
+        ctx.term()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err[-1].startswith(line) and not any("Traceback" in e for e in err), err
+    assert "bye" not in heard, heard
+
+
+def test_a_node_stopped_before_it_sent_its_join_says_no_bye():
+    """Ctrl-C while the node waits for the job's config: a ``bye`` would reach the job as a message before joining
+    (a warning in its log for a node that did nothing wrong). After its join, it says bye."""
+    import threading
+
+    import zmq
+
+    from msf.runner.sampler_node import JobLink, NodeSettings, SamplerNode
+
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    heard = []
+    for join_header in ({}, {"env": "CartPole-v1"}):
+        link = JobLink(f"127.0.0.1:{port}", f"tcp://127.0.0.1:{port}", KEY, 5.0)
+        link.join_header = join_header
+        SamplerNode(link, NodeSettings(1, 2), threading.Event()).close("stopped")
+        while router.poll(500):
+            heard.append((bool(join_header), wire.verify(KEY, router.recv_multipart()[1:])[0]))
+    router.close(0)
+    ctx.term()
+    assert heard == [(True, "bye")]

@@ -18,7 +18,7 @@ import gymnasium as gym
 
 from msf.cfg.config import Config
 from msf.cfg.validation import ConfigError, Problems
-from msf.envs.registry import EnvSpaces, declared_spaces
+from msf.envs.registry import EnvSpaces, declared_spaces, maker_failed
 from msf.runtime.registrations import registry
 
 if TYPE_CHECKING:  # torch is imported by what steps the env, not by msf.envs
@@ -127,7 +127,7 @@ def resolve_device_env(cfg: Config, given: set[str], nproc_per_node: int) -> Con
     Raises:
         ConfigError: one line per contradiction: a device env without both flags, ``--env_gpu_actions`` with a CPU
             env, ``--actor_worker_gpus`` given, or a device env with flags that need rollout worker processes,
-            several policies or EnvPool.
+            several policies, EnvPool or sampler nodes.
     """
     p = Problems()
     p.check(
@@ -161,6 +161,11 @@ def resolve_device_env(cfg: Config, given: set[str], nproc_per_node: int) -> Con
         "worker process: leave it out",
     )
     p.check(cfg.env_backend == "gymnasium", "env_backend", f"{why}: it steps itself; leave --env_backend out")
+    p.check(
+        not cfg.sampler_port,
+        "sampler_port",
+        f"{why}: sampler nodes feed rollout worker trajectories, and it has none; leave --sampler_port out",
+    )
     p.raise_if_any()
     return dataclasses.replace(cfg, num_workers=nproc_per_node, worker_num_splits=1)
 
@@ -169,9 +174,15 @@ def make_device_env(cfg: Any, num_envs: int, device: torch.device, seed: int, en
     """The device env of ``cfg.env`` with ``num_envs`` instances on ``device``.
 
     Raises:
-        ConfigError: ``cfg.env`` is not a registered device env.
+        ConfigError: ``cfg.env`` is not a registered device env, or its factory raised (one line naming the env,
+            the exception and where it was raised: :func:`msf.envs.registry.maker_failed`).
     """
     entry = device_env_entry(cfg.env)
     if entry is None:
         raise ConfigError(f"--env: {cfg.env} is not registered with msf.envs.register_device_env in this process")
-    return entry.factory(num_envs, device, seed, env_config)
+    try:
+        return entry.factory(num_envs, device, seed, env_config)
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the user's code: any exception is named in one line
+        maker_failed(cfg.env, e)

@@ -217,13 +217,14 @@ def make_env(name: str, env_config: dict[str, Any] | None = None, render_mode: s
     """Create one environment.
 
     Raises:
-        ConfigError: the name is neither registered here nor a gymnasium id; or the env's maker (or constructor)
-            raised: one line naming the env, the exception and where it was raised (the exception is its
-            ``__cause__``).
+        ConfigError: the name is neither registered here nor a gymnasium id, or only as a vector env; or the env's
+            maker (or constructor) raised: one line naming the env, the exception and where it was raised (the
+            exception is its ``__cause__``).
         ValueError: the env's spaces are not those declared for it (:func:`declare_spaces`).
     """
     env_config = dict(env_config or {})
     key, fn = _resolve(name)
+    check_single_env(name)
     if fn is not None:
         if render_mode is not None:
             env_config["render_mode"] = render_mode
@@ -232,7 +233,7 @@ def make_env(name: str, env_config: dict[str, Any] | None = None, render_mode: s
         except ConfigError:
             raise
         except Exception as e:  # noqa: BLE001 - the user's code: any exception is named in one line
-            _maker_failed(name, e)
+            maker_failed(name, e)
         return _check_declared(name, flatten_dict_obs(env))
     try:
         # the env checker costs ~10 us per step on tiny envs, and runs only on the first steps anyway
@@ -242,7 +243,7 @@ def make_env(name: str, env_config: dict[str, Any] | None = None, render_mode: s
         if unsent is not None:
             raise ConfigError(f"--env: environment {name!r} is not registered in this process: {unsent}") from None
         if _is_gym_id(key):  # registered: its constructor raised (a missing dependency, say)
-            _maker_failed(name, e)
+            maker_failed(name, e)
         module, _, short = name.rpartition(":")
         nearest = _nearest(short)
         if module:  # imported without error (_resolve): nothing registers this name
@@ -255,8 +256,23 @@ def make_env(name: str, env_config: dict[str, Any] | None = None, render_mode: s
             "'module:Id' to import a module that registers it, or a name passed to msf.envs.register_env"
         ) from None
     except Exception as e:  # noqa: BLE001 - the env's constructor: any exception is named in one line
-        _maker_failed(name, e)
+        maker_failed(name, e)
     return _check_declared(name, env)
+
+
+def check_single_env(name: str) -> None:
+    """Check that one env of ``name`` can be made (the gymnasium backend, ``msf-enjoy``).
+
+    Raises:
+        ConfigError: ``name`` is registered only with :func:`register_vector_env` (not with :func:`register_env`,
+            gymnasium or as a family).
+    """
+    key, fn = _resolve(name)
+    if fn is None and name.rpartition(":")[2] in _VECTOR and not _is_gym_id(key):
+        raise ConfigError(
+            f"--env_backend: {name!r} is registered only as a vector env (msf.envs.register_vector_env) and this "
+            "needs one env: train it with --env_backend=vector, or register one env with msf.envs.register_env too"
+        )
 
 
 def _nearest(short: str) -> str:
@@ -266,7 +282,7 @@ def _nearest(short: str) -> str:
     return f"; nearest registered names: {', '.join(map(repr, near))}" if near else ""
 
 
-def _maker_failed(name: str, e: Exception) -> NoReturn:
+def maker_failed(name: str, e: Exception) -> NoReturn:
     """Raise one line for an env maker that raised ``e``: the env, the exception's type and first line, and the
     innermost frame (file, line, function) it came from; ``e`` is its ``__cause__``.
 

@@ -63,14 +63,17 @@ class JobLink:
 
     Args:
         address: ``HOST:PORT`` as given (for messages). endpoint: ``tcp://IP:PORT`` (resolved). key: the HMAC key.
-        timeout_s: ``--connect_timeout``.
+        timeout_s: ``--connect_timeout``. name: the node's name in the job's books and its routing id (by
+            default ``HOST:PID-XXXX``, four random hex digits, since two nodes can share a host name and a pid:
+            containers on the host's network; the job's socket ignores a second peer with a routing id it has).
     """
 
-    def __init__(self, address: str, endpoint: str, key: bytes, timeout_s: float):
+    def __init__(self, address: str, endpoint: str, key: bytes, timeout_s: float, name: str | None = None):
         self.address, self.key, self.timeout_s = address, key, timeout_s
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}-{os.urandom(2).hex()}"
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.ROUTING_ID, f"{socket.gethostname()}:{os.getpid()}".encode())
+        self.sock.setsockopt(zmq.ROUTING_ID, self.name.encode())
         self.sock.setsockopt(zmq.SNDHWM, 16)  # a few messages ahead of the job: the rest waits in the workers
         self.sock.setsockopt(zmq.LINGER, 1000)
         self.sock.connect(endpoint)
@@ -232,7 +235,7 @@ class SamplerNode:
             if g == group:
                 continue
             p = int(port) - group + g
-            link = JobLink(f"{host}:{p}", f"{ip}:{p}", self.link.key, self.link.timeout_s)
+            link = JobLink(f"{host}:{p}", f"{ip}:{p}", self.link.key, self.link.timeout_s, self.link.name)
             link.join_header = join
             self.links.append(link)
             self._accepted(link, self._await(("accept",), ("join", join), link)[1])
@@ -281,9 +284,9 @@ class SamplerNode:
         return "stopped"
 
     def close(self, reason: str) -> None:
-        """Say bye (unless the job ended), stop the workers, close the socket."""
+        """Say bye (unless the job ended, or the node never sent its join), stop the workers, close the socket."""
         for link in self.links:
-            if reason == "stopped":
+            if reason == "stopped" and link.join_header:
                 link.send("bye", {"sampled": self._sampled(link)}, wait_s=0.5)
         if self.sampler is not None:
             self.sampler.close()

@@ -185,8 +185,8 @@ class DeviceSampler(OwnSamples):
 
     def _checked(self, obs: Any, rew: Any, term: Any, trunc: Any) -> torch.Tensor:
         """``obs`` after checking what the env returned against its contract (:meth:`_fail`'s line otherwise):
-        torch tensors on the group's device, of the declared shapes, with finite observations and rewards (``rew``
-        None: the first reset's observations only)."""
+        torch tensors on the group's device, of the declared shapes, boolean flags, with finite observations and
+        rewards (``rew`` None: the first reset's observations only)."""
         N, shape = self.N, self.spaces.obs_shape
         fields = {"observation": (obs, (N, *shape)), "reward": (rew, (N,))}
         fields |= {"terminated": (term, (N,)), "truncated": (trunc, (N,))}
@@ -199,6 +199,8 @@ class DeviceSampler(OwnSamples):
                 self._fail(f"returned its {name}s on {x.device}, not on its device group's {self.device}")
             if tuple(x.shape) != want:
                 self._fail(f"returned {name}s of shape {tuple(x.shape)}, not of the declared shape {want}")
+            if name in ("terminated", "truncated") and x.dtype != torch.bool:
+                self._fail(f"returned its {name} flags as {x.dtype}, not torch.bool")
         float_obs = obs.dtype.is_floating_point
         finite = torch.isfinite(obs).all() if float_obs else torch.ones((), dtype=torch.bool, device=self.device)
         if rew is not None:

@@ -375,7 +375,7 @@ class SamplerEndpoint:
     # --- messages -----------------------------------------------------------------------------
     def _handle(self, frames: list[bytes]) -> None:
         ident, frames = frames[0], frames[1:]
-        # a sampler names itself HOST:PID (its routing id); a peer that did not is named by its id's bytes
+        # a sampler names itself HOST:PID-XXXX (its routing id); a peer that did not is named by its id's bytes
         name = ident.decode() if ident.isascii() and ident.decode().isprintable() else f"peer-{ident.hex()[:16]}"
         try:
             kind, header, payload = wire.verify(self.key, frames)
