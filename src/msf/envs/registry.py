@@ -224,7 +224,7 @@ def make_env(name: str, env_config: dict[str, Any] | None = None, render_mode: s
     """
     env_config = dict(env_config or {})
     key, fn = _resolve(name)
-    check_single_env(name)
+    check_single_env(name, (key, fn))
     if fn is not None:
         if render_mode is not None:
             env_config["render_mode"] = render_mode
@@ -260,14 +260,15 @@ def make_env(name: str, env_config: dict[str, Any] | None = None, render_mode: s
     return _check_declared(name, env)
 
 
-def check_single_env(name: str) -> None:
-    """Check that one env of ``name`` can be made (the gymnasium backend, ``msf-enjoy``).
+def check_single_env(name: str, resolved: tuple[str, MakeEnvFn | None] | None = None) -> None:
+    """Check that one env of ``name`` can be made (the gymnasium backend, ``msf-enjoy``); ``resolved``: the name's
+    ``_resolve`` where the caller has it.
 
     Raises:
         ConfigError: ``name`` is registered only with :func:`register_vector_env` (not with :func:`register_env`,
             gymnasium or as a family).
     """
-    key, fn = _resolve(name)
+    key, fn = resolved or _resolve(name)
     if fn is None and name.rpartition(":")[2] in _VECTOR and not _is_gym_id(key):
         raise ConfigError(
             f"--env_backend: {name!r} is registered only as a vector env (msf.envs.register_vector_env) and this "
