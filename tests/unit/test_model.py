@@ -176,3 +176,41 @@ def test_a_separate_weights_checkpoint_of_one_shared_decoder_loads_into_both():
     for i, n in enumerate(old_names):
         assert torch.equal(learner.optimizer.state[named[n]]["exp_avg"], adam.state[old_params[i]]["exp_avg"]), n
     assert not learner.optimizer.state.get(named["critic_decoder.0.weight"])
+
+
+def _reference_draw(p: np.ndarray, r: float) -> int:
+    """The inversion rule row by row in float64: the action ``j`` with ``c[j - 1] < u <= c[j]``, ``u = (1 - r) x
+    c[K - 1]``."""
+    c = np.cumsum(p)
+    return int(np.searchsorted(c, (1.0 - r) * c[-1], side="left"))
+
+
+def test_sample_categorical_is_the_inversion_rule_and_never_draws_a_masked_action(monkeypatch):
+    from msf.model import distributions
+
+    logits = torch.tensor(
+        [[-1e9, 0.5, 1.0], [0.0, 0.3, -1e9], [2.0, -1e9, 0.0], [0.0, 0.0, 0.0], [-1e9, 0.0, -1e9], [1.0, 2.0, 3.0]]
+    )
+    # the uniform's extremes (0 and its largest value, 1 - 2**-24) and values in between
+    for r in (0.0, 1.0 - 2.0**-24, 0.25, 0.5, 0.999):
+        monkeypatch.setattr(distributions.torch, "rand_like", lambda x, r=r: torch.full_like(x, r))
+        actions, log_probs = distributions.sample_categorical(logits)
+        p = torch.softmax(logits.double(), -1).numpy()
+        want = [_reference_draw(p[i], r) for i in range(len(logits))]
+        assert actions.tolist() == want, r
+        assert all(p[i, a] > 0 for i, a in enumerate(want))  # masked (-1e9) never, first or last
+        torch.testing.assert_close(log_probs, torch.log_softmax(logits, -1).gather(1, actions[:, None])[:, 0])
+        assert actions.dtype == torch.int64 and actions.shape == (len(logits),)
+
+
+def test_sample_categorical_draws_each_action_with_its_probability():
+    from msf.model.distributions import sample_categorical
+
+    torch.manual_seed(0)
+    n = 200_000
+    logits = torch.tensor([0.0, 1.0, -1e9, 2.0, -0.5])
+    actions, _ = sample_categorical(logits.repeat(n, 1))
+    freq = torch.bincount(actions, minlength=5).double() / n
+    p = torch.softmax(logits.double(), -1)
+    # 5 standard errors of a frequency of n draws
+    assert torch.all((freq - p).abs() <= 5 * torch.sqrt(p * (1 - p) / n) + 1e-12), (freq, p)

@@ -27,3 +27,23 @@ class MultiCategorical:
     @property
     def mode(self) -> torch.Tensor:
         return torch.stack([d.probs.argmax(-1) for d in self.dists], dim=-1)
+
+
+def sample_categorical(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One draw per row of the categorical of ``logits`` ``[N, K]``, from torch's default generator: (actions ``[N]``
+    int64, their log-probabilities ``[N]``: ``log_softmax(logits, -1)`` at the actions).
+
+    By inversion (Devroye, *Non-Uniform Random Variate Generation*, 1986, section III.2.1), row by row: with ``c``
+    the cumulative sums of the probabilities ``p`` and ``u = (1 - r) x c[K - 1]`` for a uniform ``r`` in ``[0, 1)``,
+    the action is the number of ``k < K - 1`` with ``c[k] < u``, so action ``j`` is drawn when
+    ``c[j - 1] < u <= c[j]``: with probability ``p[j]`` up to the uniform's 2**-24 steps, and never where ``p[j]`` is
+    0 (a masked action's logit of -1e9), as ``u`` is in ``(0, c[K - 1]]``. The work runs on ``[K, N]`` (the
+    categories as rows): each op is then one pass over ``N`` contiguous values, where the per-row kernels of
+    ``torch.multinomial`` and a last-axis ``log_softmax`` cost several times more for the few categories of a
+    policy's head.
+    """
+    log_p = torch.log_softmax(logits.t(), dim=0)  # [K, N]
+    c = log_p.exp().cumsum_(0)
+    u = torch.rand_like(c[-1]).neg_().add_(1.0).mul_(c[-1])
+    actions = (c[:-1] < u).sum(0)
+    return actions, log_p.gather(0, actions[None])[0]
