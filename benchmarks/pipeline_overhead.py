@@ -56,8 +56,8 @@ MANY = ["--num_envs_per_worker=256"]  # 128 per split: where the per-request cos
 def workloads() -> dict[str, tuple[list[str], int]]:
     """name -> (msf flags, frames per env step). The CartPole rows beyond Sample Factory's line: 256 envs per
     worker, and each split stepped as one EnvPool (``--env_backend=envpool``) or as gymnasium's CartPoleVectorEnv
-    (``--env_backend=vector``), at 20 and 256 envs per worker (vector: also 2048); the Atari workloads also with
-    EnvPool and with ale-py's vector env."""
+    (``--env_backend=vector``), at 20 and 256 envs per worker (vector: also 2048 and 16384); the Atari workloads
+    also with EnvPool and with ale-py's vector env."""
     out = {
         "CartPole-v1": (list(SF_CARTPOLE), 1),
         "CartPole-v1, 256 envs/worker": ([*SF_CARTPOLE, *MANY], 1),
@@ -66,6 +66,7 @@ def workloads() -> dict[str, tuple[list[str], int]]:
         "CartPole-v1, vector": ([*SF_CARTPOLE, *VECTOR], 1),
         "CartPole-v1, vector, 256 envs/worker": ([*SF_CARTPOLE, *VECTOR, *MANY], 1),
         "CartPole-v1, vector, 2048 envs/worker": ([*SF_CARTPOLE, *VECTOR, "--num_envs_per_worker=2048"], 1),
+        "CartPole-v1, vector, 16384 envs/worker": ([*SF_CARTPOLE, *VECTOR, "--num_envs_per_worker=16384"], 1),
     }
     for name, flags in WORKLOADS.items():
         out[name] = ([*flags, "--device=cpu"], 4)
@@ -112,8 +113,8 @@ def main() -> None:
         if a.train_seconds > 0:
             print(f"{name}: training {train:,.0f} frames/s", flush=True)
         rows.append((name, procs, fs, raw, raw_backend, zero, real, train))
-        costs["serve_alone"] = (serve_alone_us(flags + ZERO), 0.0, 0.0)
-        breakdowns.append((name, procs, raw / fs, zero / fs, costs))
+        costs["serve_alone"], costs["act_alone"] = ((us, 0.0, 0.0) for us in serve_alone_us(flags + ZERO))
+        breakdowns.append((name, procs, raw_backend / fs, zero / fs, costs))
     unit = lambda fs: "frames/s" if fs > 1 else "steps/s"  # noqa: E731
     print()
     print(
@@ -130,11 +131,13 @@ def main() -> None:
     print_breakdown(breakdowns)
 
 
-def serve_alone_us(flags: list[str], calls: int = 1000) -> float:
+def serve_alone_us(flags: list[str], calls: int = 1000) -> tuple[float, float]:
     """Core-microseconds per env step of the inference worker's work alone: :meth:`InferenceWorker.serve` of one
     split's request, called ``calls`` times in a loop in this process (one thread, warm caches, no pipes, no
     waiting), divided by the split's rows. Against the inference workers' figure of the sampler run, it shows what
-    running in a process of its own adds (waking, the pipes' system calls, caches the other processes cooled)."""
+    running in a process of its own adds (waking, the pipes' system calls, caches the other processes cooled).
+    Second: the same for the policy's ``act`` alone on the split's observations (no gathers, no buffer writes):
+    what any design that samples an action per env step from this policy pays, where the pipeline is free."""
     import time
 
     import torch
@@ -165,34 +168,43 @@ def serve_alone_us(flags: list[str], calls: int = 1000) -> float:
         t0 = time.process_time()
         for _ in range(calls):
             worker.serve([(0, 0)])
-        return 1e6 * (time.process_time() - t0) / calls / derived.agents_per_split
+        serve = 1e6 * (time.process_time() - t0) / calls / derived.agents_per_split
+        obs = buffer.obs[0, 0].expand(derived.agents_per_split, *buffer.obs.shape[2:]).contiguous()
+        with torch.inference_mode():
+            worker.model.act(obs)
+            t0 = time.process_time()
+            for _ in range(calls):
+                worker.model.act(obs)
+        return serve, 1e6 * (time.process_time() - t0) / calls / derived.agents_per_split
     finally:
         torch.set_num_threads(threads)
 
 
 def print_breakdown(breakdowns: list) -> None:
     """The second table: per workload, core-us per env step of each process role in the zero-cost sampler,
-    against the raw loop's (its processes' core-time per step: each is busy all the time), context switches per
-    env step, the cores' busy share (all the tree's CPU time over wall time x cores), and the inference worker's
-    work alone (:func:`serve_alone_us`)."""
+    against the raw loop's of the backend (its processes' core-time per step: each is busy all the time), context
+    switches per env step, the cores' busy share (all the tree's CPU time over wall time x cores), the inference
+    worker's work alone and the policy's ``act`` alone (:func:`serve_alone_us`), and the ceiling that ``act`` alone
+    sets on zero / raw of the backend: raw / (raw + act), what a pipeline that cost nothing else would reach."""
     cores = os.cpu_count() or 1
     print()
     print(
         "| workload | raw loop: core-us per step | sampler: core-us per step (rollout / inference / main / other) "
-        "| all | of it in the kernel | context switches per step | cores busy | inference work alone |"
+        "| all | of it in the kernel | context switches per step | cores busy | inference work alone | act alone "
+        "| ceiling: raw / (raw + act) |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name, procs, raw_sps, zero_sps, c in breakdowns:
         if "all" not in c:
             continue
         roles = " / ".join(
-            f"{c.get(k, (0.0, 0.0))[0]:.1f}" for k in ("rollout_worker", "inference_worker", "main", "other")
+            f"{c.get(k, (0.0, 0.0))[0]:.3g}" for k in ("rollout_worker", "inference_worker", "main", "other")
         )
         busy = c["all"][0] * 1e-6 * zero_sps / cores
+        raw_us, act_us = 1e6 * min(procs, cores) / raw_sps, c["act_alone"][0]
         print(
-            f"| {name} | {1e6 * min(procs, cores) / raw_sps:.1f} | {roles} | {c['all'][0]:.1f} | {c['all'][1]:.1f} "
-            f"| {c['all'][2]:.2f} "
-            f"| {busy:.2f} | {c['serve_alone'][0]:.1f} |"
+            f"| {name} | {raw_us:.3g} | {roles} | {c['all'][0]:.3g} | {c['all'][1]:.3g} | {c['all'][2]:.2f} "
+            f"| {busy:.2f} | {c['serve_alone'][0]:.3g} | {act_us:.3g} | {raw_us / (raw_us + act_us):.3f} |"
         )
 
 
