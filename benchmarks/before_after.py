@@ -106,6 +106,7 @@ def main() -> None:
         for stage in ("sampler", "training") if not a.no_sampler else ("training",):
             for r in range(a.rounds):
                 for label in ("baseline", "new") if r % 2 == 0 else ("new", "baseline"):
+                    v: float | None
                     if stage == "sampler":
                         v = sampler(trees[label], FLAGS[name], a.sampler_seconds, 5.0)
                     else:

@@ -67,7 +67,9 @@ def main() -> None:
         x = torch.rand(batch, *chw, generator=torch.Generator().manual_seed(0))
         nchw = ms_per_pass(seq, x, a.reps)
         nhwc = ms_per_pass(
-            seq.to(memory_format=torch.channels_last), x.contiguous(memory_format=torch.channels_last), a.reps
+            seq.to(memory_format=torch.channels_last),  # type: ignore[call-overload]  # Module.to takes it
+            x.contiguous(memory_format=torch.channels_last),
+            a.reps,
         )
         print(
             f"| {name} | {batch} x {'x'.join(map(str, chw))} | {nchw:.0f} | {nhwc:.0f} | {nchw / nhwc:.2f} |",

@@ -92,6 +92,7 @@ def _run(cmd: list[str], parse, seconds: float, cwd: str) -> tuple[list[tuple], 
     p = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd, start_new_session=True
     )
+    assert p.stdout is not None, "a pipe was asked for"
     try:
         for line in p.stdout:
             row = parse(line, time.time() - t0)
@@ -111,7 +112,9 @@ def _run(cmd: list[str], parse, seconds: float, cwd: str) -> tuple[list[tuple], 
     return rows, time.time() - t0
 
 
-def run_msf(name: str, seconds: float, frames: int | None, extra: list[str] = ()) -> tuple[list[tuple], float]:
+def run_msf(
+    name: str, seconds: float, frames: int | None, extra: tuple[str, ...] | list[str] = ()
+) -> tuple[list[tuple], float]:
     """Rows ``(t, frames, fps10, return_mean or None)`` of msf's status lines (``extra``: more flags)."""
 
     def parse(line: str, t: float):
@@ -211,7 +214,7 @@ def throughput_tables(names: list[str], a: argparse.Namespace) -> None:
     for name in names:
         flags = [*WORKLOADS[name], "--device=cpu"]
         env = name
-        backends = [[]]
+        backends: list[list[str]] = [[]]
         try:
             if a.short:
                 raise RuntimeError("--short")

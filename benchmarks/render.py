@@ -175,7 +175,7 @@ def plot(w: dict, c: dict) -> str:
     plt.rcParams["svg.hashsalt"] = "msf-results"
     timed = all(len(p) > 2 for s in c["series"] for p in s["points"])
     fig, axes = plt.subplots(1, 2 if timed else 1, figsize=(10 if timed else 6, 3.6), squeeze=False)
-    colours = {}
+    colours: dict[str, str] = {}
     for s in c["series"]:
         colour = colours.setdefault(s["system"], f"C{len(colours)}")
         label = f"{s['system']}, seed {s['seed']}"

@@ -169,15 +169,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         for name in a.envs:
             frames = a.frames or ENVS[name][3]
-            for r in range(a.rounds):
-                for which in a.arms if r % 2 == 0 else a.arms[::-1]:  # alternating order
-                    rows.append({"round": r + 1, **arm(name, which, frames, d)})
+            for rnd in range(a.rounds):
+                for which in a.arms if rnd % 2 == 0 else a.arms[::-1]:  # alternating order
+                    rows.append({"round": rnd + 1, **arm(name, which, frames, d)})
                     print(json.dumps(rows[-1]), flush=True)
     print(f"{'env':<11} {'arm':<24} {'frames':>8} {'fps':>7} {'ratio':>6} {'steady':>7} {'ratio':>6} "
           f"{'B/frame':>8} {'MB/s':>6}")  # fmt: skip
     for name in a.envs:
         local = [r for r in rows if r["env"] == name and r["arm"] == ARMS["local"]]
-        base = {k: sorted(r[k] or 0 for r in local)[len(local) // 2] if local else 0
+        base: dict[str, float] = {k: sorted(r[k] or 0 for r in local)[len(local) // 2] if local else 0
                 for k in ("frames_per_s", "steady_frames_per_s")}  # fmt: skip
         for r in (r for r in rows if r["env"] == name):
             r["ratio"] = round(r["frames_per_s"] / base["frames_per_s"], 2) if base["frames_per_s"] else None

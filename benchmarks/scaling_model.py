@@ -132,7 +132,7 @@ def fit_link(sizes_bytes: list[int], seconds: list[float]) -> Link:
     return Link(max(t0 - n0 / b, 0.0), b)
 
 
-def predict_cpu(i: Inputs, cores_per_node: int, world: int, groups_per_node: int) -> float:
+def predict_cpu(i: Inputs, cores_per_node: float, world: int, groups_per_node: int) -> float:
     """Training frames/s of ``world`` device groups, ``groups_per_node`` per node of ``cores_per_node`` cores."""
     c = cores_per_node / groups_per_node
     link = i.loopback if world <= groups_per_node else i.network
@@ -474,7 +474,7 @@ def _recorded_fed_runs(workload: str) -> list[dict]:
         return []
     with open(path) as f:
         tables = json.load(f).get("tables", [])
-    rows = next((t["rows"] for t in tables if t.get("id") == "sampler_node_transport"), [])
+    rows: list[dict] = next((t["rows"] for t in tables if t.get("id") == "sampler_node_transport"), [])
     return [r for r in rows if r["arm"].startswith("sampler node")]
 
 

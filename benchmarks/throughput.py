@@ -398,7 +398,7 @@ def sampler_fps(flags: list[str], seconds: float, warmup: float, breakdown: dict
     buffer = TrajectoryBuffer.allocate(cfg, derived, spaces)
     ch = ProcessSampler(cfg, derived, spaces, DeviceGroup(buffer, [weights] * cfg.num_policies))
     steps, t_start, t_end = 0, None, time.monotonic() + warmup + seconds + 60
-    names = {p.pid: p.name for p in ch.procs}
+    names = {p.pid: p.name for p in ch.procs if p.pid is not None}
     try:
         while time.monotonic() < t_end:
             try:
@@ -422,6 +422,8 @@ def sampler_fps(flags: list[str], seconds: float, warmup: float, breakdown: dict
                         breakdown.update(cost_breakdown(costs0, process_tree_costs(os.getpid(), names), steps))
                         breakdown["wall_s"] = (time.monotonic() - t_start, 0.0, 0.0)
                     break
+        if t_start is None:
+            raise RuntimeError(f"no trajectory came in {warmup + seconds + 60:.0f} s: the sampler did not start")
         rate = steps / (time.monotonic() - t_start)
     finally:
         ch.stop()
@@ -542,6 +544,7 @@ def sf2_train_fps(python: str, flags: list[str], seconds: float, warmup: float) 
             cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=td, start_new_session=True
         )
         values = []
+        assert p.stdout is not None, "a pipe was asked for"
         try:
             for line in p.stdout:
                 m = rx.search(line)
