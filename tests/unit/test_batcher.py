@@ -127,6 +127,38 @@ def test_receive_waits_at_most_its_timeout():
     assert batcher.pending(0) == 0
 
 
+class _RecordingQueue(queue.Queue):
+    """A queue that records the timeout of every ``get``."""
+
+    def __init__(self):
+        super().__init__()
+        self.timeouts: list[float | None] = []
+
+    def get(self, block=True, timeout=None):
+        self.timeouts.append(timeout)
+        return super().get(block, timeout)
+
+
+def test_receive_waits_only_while_no_policy_has_a_whole_batch():
+    batcher, buffer, _, free, spw = _setup(num_policies=2)
+    batcher.full_queue = full = _RecordingQueue()
+    for s, p in ((0, 0), (1, 1), (2, 1)):
+        _write(buffer, s, policy=p)
+    full.put(FullTrajectories(worker=0, slots=[0, 1]))  # one each: neither policy has its two
+    batcher.receive(timeout=0.5)
+    assert full.timeouts == [0.5, None]  # waited for the first message, then took what was queued
+    batcher.receive(timeout=0.5)
+    assert full.timeouts[2] == 0.5  # still no whole batch: it waits
+    full.put(FullTrajectories(worker=0, slots=[2]))
+    batcher.receive(timeout=0.5)  # policy 1 now has two announced
+    full.timeouts.clear()
+    batcher.receive(timeout=0.5)
+    assert full.timeouts == [0.0]  # a batch is there to train on: no wait
+    assert batcher.take(1, policy_version=0).batch["rewards"][:, 0].tolist() == [1, 2]
+    batcher.receive(timeout=0.5)
+    assert full.timeouts[-1] == 0.5  # trained: policy 0's one trajectory is not a batch, so it waits again
+
+
 @pytest.mark.parametrize("use_rnn", [False, True])
 def test_the_empty_batch_has_a_real_batchs_shapes_and_is_all_masked(use_rnn):
     cfg = Config(rollout=T, batch_size=8, num_workers=2, num_envs_per_worker=2, use_rnn=use_rnn, rnn_size=5)

@@ -105,8 +105,12 @@ class Batcher:
         return self._ready_count[policy]
 
     def receive(self, timeout: float) -> None:
-        """File every announced trajectory under its policy, waiting at most ``timeout`` seconds for the first
-        announcement (then taking whatever else is already queued, without waiting)."""
+        """File every announced trajectory under its policy: those already queued, after waiting at most ``timeout``
+        seconds for the first announcement when no policy has a whole batch's trajectories announced or copied out
+        (one that has trains now: workers that finish their trajectories in bursts, thousands of vector envs or a
+        sampler node's message, would otherwise cost the learner a wait per batch)."""
+        if any(len(q) + self._ready_count[p] >= self.batch_size for p, q in enumerate(self._pending)):
+            timeout = 0.0
         try:
             msg: FullTrajectories = self.full_queue.get(timeout=timeout)
         except queue.Empty:
