@@ -1,7 +1,7 @@
 """Throughput of two source trees of msf side by side, in one run: did a change slow the pipeline down?
 
-For each workload (the Sample Factory CartPole command line of ``throughput.py``, and ``families.py``'s
-atari_pong and doom_basic), it measures each tree's
+For each workload (the Sample Factory CartPole command line of ``throughput.py``, the same with the vector backend
+at 2,048 envs per worker, and ``families.py``'s atari_pong and doom_basic), it measures each tree's
 
 * sampler: the real rollout and inference workers with the real policy, no learning
   (``throughput.sampler_fps`` of that tree), env steps/s;
@@ -15,7 +15,7 @@ A tree is a checkout's root; its ``src/`` is put first on ``PYTHONPATH`` of ever
 children of a spawned process inherit it), so one virtual environment serves both.
 
 Usage: python benchmarks/before_after.py --baseline /tmp/baseline [--new .] [--rounds 2] [--seconds 45]
-       [--warmup 20] [--only cartpole atari_pong doom_basic] [--no_sampler]
+       [--warmup 20] [--only cartpole cartpole_vector_2048 atari_pong doom_basic] [--no_sampler]
 (``git worktree add /tmp/baseline <commit>`` makes a baseline tree.)
 """
 
@@ -35,7 +35,12 @@ sys.path.insert(0, HERE)
 from families import MSF_STATUS, WORKLOADS, _run, steady_fps  # noqa: E402
 from throughput import SF_CARTPOLE  # noqa: E402
 
-FLAGS = {"cartpole": SF_CARTPOLE, **{k: [*v, "--device=cpu"] for k, v in WORKLOADS.items()}}
+FLAGS = {
+    "cartpole": SF_CARTPOLE,
+    # the vector backend with thousands of envs: each split finishes its trajectories at once
+    "cartpole_vector_2048": [*SF_CARTPOLE, "--env_backend=vector", "--num_envs_per_worker=2048"],
+    **{k: [*v, "--device=cpu"] for k, v in WORKLOADS.items()},
+}
 
 
 def _env_for(tree: str) -> dict[str, str]:
