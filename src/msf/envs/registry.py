@@ -268,12 +268,18 @@ def check_single_env(name: str, resolved: tuple[str, MakeEnvFn | None] | None = 
         ConfigError: ``name`` is registered only with :func:`register_vector_env` (not with :func:`register_env`,
             gymnasium or as a family).
     """
-    key, fn = resolved or _resolve(name)
-    if fn is None and name.rpartition(":")[2] in _VECTOR and not _is_gym_id(key):
+    if vector_only(name, resolved):
         raise ConfigError(
             f"--env_backend: {name!r} is registered only as a vector env (msf.envs.register_vector_env) and this "
             "needs one env: train it with --env_backend=vector, or register one env with msf.envs.register_env too"
         )
+
+
+def vector_only(name: str, resolved: tuple[str, MakeEnvFn | None] | None = None) -> bool:
+    """True when ``name`` is registered only with :func:`register_vector_env` (not with :func:`register_env`,
+    gymnasium or as a family); ``resolved``: the name's ``_resolve`` where the caller has it."""
+    key, fn = resolved or _resolve(name)
+    return fn is None and name.rpartition(":")[2] in _VECTOR and not _is_gym_id(key)
 
 
 def _nearest(short: str) -> str:
