@@ -21,6 +21,7 @@ import sys
 import time
 from typing import cast
 
+import gymnasium as gym
 import numpy as np
 import torch
 
@@ -249,12 +250,16 @@ def _make_eval_env(cfg: Config, seed: int, render: str | None, frameskip: int | 
     Raises:
         ConfigError: the env cannot render here.
     """
-    import gymnasium as gym
-
+    from msf.envs.device_env import device_env_entry
     from msf.envs.offscreen import is_gl_failure
     from msf.envs.registry import env_config_of, make_env
 
     extra = {"frameskip": frameskip} if frameskip is not None and frameskip != cfg.env_frameskip else {}
+    entry = device_env_entry(cfg.env)
+    if entry is not None:
+        if render == "rgb_array":
+            raise ConfigError(f"--save_video: {cfg.env} is a device-side env, which msf cannot render; leave it out")
+        return _OneDeviceEnv(cfg, entry, seed, env_config_of(cfg, seed=seed, evaluation=True, **extra))
     env = make_env(cfg.env, env_config_of(cfg, seed=seed, evaluation=True, **extra), render_mode=render)
     if render is not None:
         try:
@@ -272,6 +277,40 @@ def _make_eval_env(cfg: Config, seed: int, render: str | None, frameskip: int | 
                 ) from None
             raise
     return env
+
+
+class _OneDeviceEnv(gym.Env):
+    """One instance of a registered device env (:func:`msf.envs.register_device_env`) on the CPU, as the gymnasium
+    env that :func:`_play` steps: observations ``[*obs_shape]`` and rewards as NumPy, an action of one instance.
+
+    Args:
+        cfg: the run's config. entry: ``cfg.env``'s registration. seed, env_config: passed to its factory, with
+            ``num_envs=1`` and the CPU.
+
+    Raises:
+        ConfigError: the factory raised (:func:`msf.envs.device_env.make_device_env`).
+
+    The device env resets an ended episode itself (same-step); ``reset()`` after an end starts the next one
+    anew. ``reset``'s ``seed`` is not passed on: the instance is seeded once, by the factory's ``seed``.
+    """
+
+    def __init__(self, cfg: Config, entry, seed: int, env_config: dict):
+        from msf.envs.device_env import make_device_env
+
+        self.observation_space, self.action_space = entry.observation_space, entry.action_space
+        self.env = make_device_env(cfg, 1, torch.device("cpu"), seed, env_config)
+
+    def reset(self, *, seed=None, options=None):
+        return self.env.reset()[0].numpy(), {}
+
+    def step(self, action):
+        discrete = isinstance(self.action_space, gym.spaces.Discrete)
+        a = torch.as_tensor(np.asarray(action), dtype=torch.int64 if discrete else torch.float32)[None]
+        obs, reward, terminated, truncated = self.env.step(a)
+        return obs[0].numpy(), float(reward[0]), bool(terminated[0]), bool(truncated[0]), {}
+
+    def close(self):
+        self.env.close()
 
 
 class _Video:
@@ -299,8 +338,6 @@ class _Video:
 
 def _env_action(env, model):
     """A function from the policy's action array of one agent to what ``env.step`` takes for it."""
-    import gymnasium as gym
-
     tuple_actions = isinstance(env.action_space, gym.spaces.Tuple)
     scalar_actions = not model.continuous and model.nvec is None
 
