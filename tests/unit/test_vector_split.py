@@ -293,3 +293,30 @@ def test_an_env_registered_only_as_a_vector_env_is_refused_before_the_workers_wi
 def _nan_reward_spaces() -> tuple[gym.Space, gym.Space]:
     venv = make_nan_reward("MsfVectorOnly", 1, {"env_index": 0})
     return venv.single_observation_space, venv.single_action_space
+
+
+class DictObservationVectorEnv(msf_test_envs.FiveStepVectorEnv):
+    """The five-step env with its observation in a ``Dict``."""
+
+    def __init__(self, num_envs: int, first: int = 0):
+        super().__init__(num_envs, first, "SameStep")
+        self.single_observation_space = gym.spaces.Dict({"state": self.single_observation_space})
+
+
+def test_a_vector_env_with_dict_observations_is_refused_in_one_line_before_the_workers(tmp_path):
+    """A vector env's observations must be one Box: a Dict was refused as "not supported (supported: Box, Dict of
+    Box and Discrete)", which names it as supported."""
+    from msf.cfg.arguments import parse_args
+    from msf.cfg.validation import ConfigError
+    from msf.envs.registry import register_vector_env
+    from msf.train import prepare
+
+    register_vector_env("MsfDictVector", lambda name, n, env_config: DictObservationVectorEnv(n))
+    argv = ["--env=MsfDictVector", "--env_backend=vector", "--device=cpu", "--num_workers=1", f"--train_dir={tmp_path}"]
+    with pytest.raises(ConfigError) as e:
+        prepare(*parse_args(argv))
+    assert str(e.value) == (
+        "--env_backend=vector: MsfDictVector's vector env has the observation space Dict('state': Box(-1.0, "
+        "1e+06, (4,), float32)), and a vector env's must be a Box: flatten it in the env, or register one env "
+        "with msf.envs.register_env and use --env_backend=gymnasium"
+    )

@@ -78,8 +78,15 @@ def single_spaces(name: str, venv: Any) -> EnvSpaces:
     checked against those declared for ``name`` (:func:`declare_spaces`), if any.
 
     Raises:
-        ValueError: they differ from the declared ones (both named). ConfigError: unsupported spaces.
+        ValueError: they differ from the declared ones (both named). ConfigError: unsupported spaces, an
+            observation space other than a ``Box`` among them.
     """
+    if not isinstance(venv.single_observation_space, gym.spaces.Box):
+        raise ConfigError(
+            f"--env_backend=vector: {name}'s vector env has the observation space {venv.single_observation_space}, "
+            "and a vector env's must be a Box: flatten it in the env, or register one env with msf.envs.register_env "
+            "and use --env_backend=gymnasium"
+        )
     spaces = spaces_of(_Declared(venv.single_observation_space, venv.single_action_space, 1))
     declared = _DECLARED.get(name.rpartition(":")[2])
     if declared is not None and spaces != declared:
