@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from .conftest import SLACK_S, read_summary, run_msf, run_msf_together
+from .conftest import SLACK_S, read_summary, run_msf, run_msf_together, write_untrained_checkpoint
 
 DEVICE_CARTPOLE = [
     "--env=torch_cartpole",
@@ -125,25 +125,16 @@ def test_enjoy_plays_and_export_writes_a_device_env_checkpoint(tmp_path, capsys)
 
     import onnxruntime as ort
 
-    from msf.cfg.config import Config, Derived
+    from msf.cfg.config import Config
     from msf.enjoy import main as enjoy
     from msf.envs.device_env import device_env_entry, device_env_spaces
     from msf.envs.torch_cartpole import TorchCartPole
     from msf.export import main as export
-    from msf.learning.learner import Learner
-    from msf.persistence.checkpoint import save_checkpoint, snapshot
-    from msf.persistence.train_state import TrainState
-    from msf.runner.experiment import prepare_experiment_dir
 
     cfg = Config(
         env="torch_cartpole", env_gpu_actions=True, experiment="dev", train_dir=str(tmp_path), encoder_mlp_layers=[16]
     )
-    spaces = device_env_spaces(device_env_entry(cfg.env))
-    torch.manual_seed(0)
-    learner = Learner(cfg, Derived.of(cfg), spaces)
-    state = TrainState.fresh(1, cfg.stats_avg)
-    save_checkpoint(snapshot(state.capture(0, learner, cfg.to_dict(), 1)), prepare_experiment_dir(cfg), keep=2)
-    model = learner.model.eval()
+    model = write_untrained_checkpoint(cfg, device_env_spaces(device_env_entry(cfg.env)))
 
     args = ["--experiment=dev", f"--train_dir={tmp_path}"]
     assert enjoy([*args, "--max_num_episodes=3", "--no_render", "--eval_deterministic=True"]) == 0
