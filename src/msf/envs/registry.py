@@ -303,10 +303,16 @@ def maker_failed(name: str, e: Exception) -> NoReturn:
     Raises:
         ConfigError: always.
     """
+    raise ConfigError(f"--env={name}: making the env raised {raised(e)}") from e
+
+
+def raised(e: BaseException) -> str:
+    """``Type: first line of the message (file.py:line, in function)``: the exception and the innermost frame it
+    came from, for a one-line message about the user's code."""
     frames = traceback.extract_tb(e.__traceback__)
     where = f" ({os.path.basename(frames[-1].filename)}:{frames[-1].lineno}, in {frames[-1].name})" if frames else ""
     first = (str(e).strip().splitlines() or [""])[0]
-    raise ConfigError(f"--env={name}: making the env raised {type(e).__name__}: {first}{where}") from e
+    return f"{type(e).__name__}: {first}{where}"
 
 
 @dataclass(frozen=True)
