@@ -19,8 +19,9 @@ import json
 import os
 import sys
 import time
-from typing import cast
+from typing import Callable, cast
 
+import gymnasium as gym
 import numpy as np
 import torch
 
@@ -249,12 +250,22 @@ def _make_eval_env(cfg: Config, seed: int, render: str | None, frameskip: int | 
     Raises:
         ConfigError: the env cannot render here.
     """
-    import gymnasium as gym
-
+    from msf.envs.device_env import device_env_entry, make_device_env
     from msf.envs.offscreen import is_gl_failure
-    from msf.envs.registry import env_config_of, make_env
+    from msf.envs.registry import env_config_of, make_env, vector_maker, vector_only
 
     extra = {"frameskip": frameskip} if frameskip is not None and frameskip != cfg.env_frameskip else {}
+    entry, config = device_env_entry(cfg.env), env_config_of(cfg, seed=seed, evaluation=True, **extra)
+    if entry is not None or vector_only(cfg.env):  # played as a batch of one env
+        if render == "rgb_array":
+            kind = "a device-side env" if entry else "registered only as a vector env"
+            raise ConfigError(f"--save_video: {cfg.env} is {kind}, which msf-enjoy does not render; leave it out")
+        if entry is not None:
+            one = make_device_env(cfg, 1, torch.device("cpu"), seed, config)
+            return _OneOfBatch(one, entry.observation_space, entry.action_space, on_device=True)
+        key, maker = vector_maker(cfg.env)
+        venv = cast(Callable, maker)(key, 1, config)
+        return _OneOfBatch(venv, venv.single_observation_space, venv.single_action_space, on_device=False)
     env = make_env(cfg.env, env_config_of(cfg, seed=seed, evaluation=True, **extra), render_mode=render)
     if render is not None:
         try:
@@ -272,6 +283,35 @@ def _make_eval_env(cfg: Config, seed: int, render: str | None, frameskip: int | 
                 ) from None
             raise
     return env
+
+
+class _OneOfBatch(gym.Env):
+    """The only env of a batch env of one, as the gymnasium env that :func:`_play` steps: a vector env registered
+    with :func:`msf.envs.register_vector_env` (NumPy in and out) or a device env registered with
+    :func:`msf.envs.register_device_env` (``on_device``: torch tensors; made on the CPU). Observations
+    ``[*obs_shape]`` and rewards as NumPy; ``step`` takes the one env's action.
+
+    Either resets an ended env in its own way (same-step, next-step or not at all): :func:`_play` resets after every
+    end, so none of them shows. A device env is seeded once, by its factory's ``seed``: ``reset``'s is not passed on.
+    """
+
+    def __init__(self, env, observation_space: gym.Space, action_space: gym.Space, on_device: bool):
+        self.env, self.on_device = env, on_device
+        self.observation_space, self.action_space = observation_space, action_space
+
+    def reset(self, *, seed=None, options=None):
+        obs = self.env.reset() if self.on_device else self.env.reset(seed=seed)[0]
+        return np.asarray(obs[0]), {}
+
+    def step(self, action):
+        a = np.asarray(action)[None]
+        if self.on_device:
+            a = torch.as_tensor(a, dtype=torch.int64 if a.dtype.kind in "iu" else torch.float32)
+        obs, reward, terminated, truncated = self.env.step(a)[:4]
+        return np.asarray(obs[0]), float(reward[0]), bool(terminated[0]), bool(truncated[0]), {}
+
+    def close(self):
+        self.env.close()
 
 
 class _Video:
@@ -299,8 +339,6 @@ class _Video:
 
 def _env_action(env, model):
     """A function from the policy's action array of one agent to what ``env.step`` takes for it."""
-    import gymnasium as gym
-
     tuple_actions = isinstance(env.action_space, gym.spaces.Tuple)
     scalar_actions = not model.continuous and model.nvec is None
 

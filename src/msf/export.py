@@ -362,6 +362,7 @@ def load_policy(train_dir: str, experiment: str, policy_index: int = 0) -> tuple
             checkpoint does not fit the model.
     """
     from msf.enjoy import _load_config, load_model, read_checkpoint
+    from msf.envs.device_env import device_env_entry, device_env_spaces
     from msf.envs.registry import env_config_of, env_spaces
     from msf.model.actor_critic import ActorCritic
     from msf.persistence.checkpoint import checkpoint_dir, list_checkpoints
@@ -388,7 +389,8 @@ def load_policy(train_dir: str, experiment: str, policy_index: int = 0) -> tuple
             f"{checkpoint_dir(exp_dir, policy_index)}): msf-train writes them while it trains"
         )
     state = read_checkpoint(cfg, exp_dir, policy_index, prog="msf-export", flag="experiment")
-    model = ActorCritic(cfg, env_spaces(cfg.env, env_config_of(cfg)))
+    device_env = device_env_entry(cfg.env)  # its registered spaces; no env made
+    model = ActorCritic(cfg, device_env_spaces(device_env) if device_env else env_spaces(cfg.env, env_config_of(cfg)))
     state = load_model(model, state)  # a Sample Factory 2.1.1 checkpoint, converted (others as they are)
     return model.eval(), cfg, state
 

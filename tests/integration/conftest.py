@@ -241,3 +241,22 @@ def first_step_reaching(exp_dir: Path, threshold: float, tag: str = "episode/ret
     if tag not in acc.Tags()["scalars"]:
         return None
     return next((e.step for e in acc.Scalars(tag) if e.value >= threshold), None)
+
+
+def write_untrained_checkpoint(cfg, spaces):
+    """``cfg.train_dir/cfg.experiment`` with its config.json and one checkpoint of a freshly initialised learner
+    (``torch.manual_seed(0)``), written by msf's own functions, for msf-enjoy and msf-export. Returns the model, in
+    eval mode."""
+    import torch
+
+    from msf.cfg.config import Derived
+    from msf.learning.learner import Learner
+    from msf.persistence.checkpoint import save_checkpoint, snapshot
+    from msf.persistence.train_state import TrainState
+    from msf.runner.experiment import prepare_experiment_dir
+
+    torch.manual_seed(0)
+    learner = Learner(cfg, Derived.of(cfg), spaces)
+    state = TrainState.fresh(1, cfg.stats_avg)
+    save_checkpoint(snapshot(state.capture(0, learner, cfg.to_dict(), 1)), prepare_experiment_dir(cfg), keep=2)
+    return learner.model.eval()

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import glob
 
+import numpy as np
 import pytest
 import torch
 
-from .conftest import SLACK_S, read_summary, run_msf, run_msf_together
+from .conftest import SLACK_S, read_summary, run_msf, run_msf_together, write_untrained_checkpoint
 
 DEVICE_CARTPOLE = [
     "--env=torch_cartpole",
@@ -114,3 +115,44 @@ def test_1024_torch_cartpoles_reach_gymnasiums_threshold(train_dir):
     s = read_summary(train_dir, "solve")
     assert s["status"] == "done" and s["episode_return_mean"] >= 475 and s["env_steps"] < 3_000_000
     assert s["return_target_reached_at"] is not None
+
+
+def test_enjoy_plays_and_export_writes_a_device_env_checkpoint(tmp_path, capsys):
+    """msf-enjoy and msf-export on a torch_cartpole experiment (the spaces as registered, no gymnasium env): enjoy
+    plays one instance on the CPU with the policy's most likely actions, the episodes a step-by-step replay of
+    the same seed gives; export's logits are the model's."""
+    import json
+
+    import onnxruntime as ort
+
+    from msf.cfg.config import Config
+    from msf.enjoy import main as enjoy
+    from msf.envs.device_env import device_env_entry, device_env_spaces
+    from msf.envs.torch_cartpole import TorchCartPole
+    from msf.export import main as export
+
+    cfg = Config(
+        env="torch_cartpole", env_gpu_actions=True, experiment="dev", train_dir=str(tmp_path), encoder_mlp_layers=[16]
+    )
+    model = write_untrained_checkpoint(cfg, device_env_spaces(device_env_entry(cfg.env)))
+
+    args = ["--experiment=dev", f"--train_dir={tmp_path}"]
+    assert enjoy([*args, "--max_num_episodes=3", "--no_render", "--eval_deterministic=True"]) == 0
+    played = json.load(open(tmp_path / "dev" / "eval.json"))["episodes"]
+    env, lengths = TorchCartPole(1, torch.device("cpu"), 0), []  # enjoy's seed: --seed's, 0 when unset
+    for _ in range(3):
+        obs, n, ended = env.reset(), 0, False
+        while not ended:
+            with torch.no_grad():
+                obs, _, term, trunc = env.step(model.mode(model.forward_with_states(obs, None)[0]))
+            n, ended = n + 1, bool(term[0] | trunc[0])
+        lengths.append(n)
+    assert [e["length"] for e in played] == lengths and [e["return"] for e in played] == [float(n) for n in lengths]
+
+    assert export(args) == 0
+    session = ort.InferenceSession(str(tmp_path / "dev" / "export" / "policy_p0.onnx"))
+    obs = torch.randn(8, 4)
+    (logits,) = session.run(["action_logits"], {"obs": obs.numpy()})
+    with torch.no_grad():
+        assert np.abs(logits - model.forward_with_states(obs, None)[0].numpy()).max() < 1e-5
+    assert "Traceback" not in capsys.readouterr().err

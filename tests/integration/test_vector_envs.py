@@ -10,7 +10,7 @@ import pytest
 
 from msf.cfg.config import Config
 
-from .conftest import SMALL_ENV_FLAGS, read_summary, run_msf, run_msf_together
+from .conftest import SMALL_ENV_FLAGS, read_summary, run_msf, run_msf_together, write_untrained_checkpoint
 
 
 def _flags(env: str, train_dir, experiment: str, *extra: str) -> list[str]:
@@ -156,3 +156,26 @@ def test_atari_trains_on_ales_vector_env(train_dir):
     assert r.returncode == 0, r.stderr[-3000:]
     s = read_summary(train_dir, "pong")
     assert s["status"] == "done" and s["env_frames"] == 4 * s["env_steps"] >= 4000
+
+
+@pytest.mark.parametrize("env", ["MsfFiveStepNext", "MsfFiveStepSame", "MsfFiveStepDisabled"])
+def test_enjoy_plays_a_name_registered_only_as_a_vector_env(env, tmp_path, capsys):
+    """msf-enjoy on an experiment of a vector-only name (no register_env): it plays a vector env of one env, and
+    each episode is the env's 5 steps earning 1 + 2 + 3 + 4 + 5, whatever the autoreset mode; a video is refused
+    in one line."""
+    import json
+
+    from msf.enjoy import main as enjoy
+    from msf.envs.registry import env_spaces
+
+    cfg = Config(env=f"msf_test_envs:{env}", env_backend="vector", experiment="v", train_dir=str(tmp_path))
+    write_untrained_checkpoint(cfg, env_spaces(cfg.env))
+    args = ["--experiment=v", f"--train_dir={tmp_path}"]
+    assert enjoy([*args, "--max_num_episodes=3", "--no_render"]) == 0
+    assert json.load(open(tmp_path / "v" / "eval.json"))["episodes"] == [{"return": 15.0, "length": 5}] * 3
+    capsys.readouterr()
+    assert enjoy([*args, "--save_video=True"]) == 2
+    assert capsys.readouterr().err == (
+        f"msf-enjoy: error: --save_video: msf_test_envs:{env} is registered only as a vector env, which msf-enjoy does "
+        "not render; leave it out\n"
+    )

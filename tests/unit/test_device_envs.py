@@ -217,3 +217,25 @@ def test_a_device_env_factory_that_raises_is_named_in_one_line_as_a_cpu_envs_mak
     line = "--env=unlicensed_sim: making the env raised RuntimeError: simulator licence not found (test_device_envs.py:"
     assert str(e.value).startswith(line) and str(e.value).endswith(", in no_licence)"), str(e.value)
     assert isinstance(e.value.__cause__, RuntimeError)
+
+
+def test_a_device_env_experiment_resumes_on_more_device_groups(tmp_path):
+    """Its config.json holds --num_workers=1 (msf's, one per device group); resumed with --nproc_per_node=2 it was
+    refused as "--num_workers: must be at least nproc_per_node=2 (every device group needs a rollout worker)"."""
+    from msf.cfg.arguments import parse_args
+    from msf.runner.experiment import prepare_experiment_dir
+    from msf.train import prepare
+
+    flags = [
+        "--env=torch_cartpole",
+        "--env_gpu_actions=True",
+        "--device=cpu",
+        "--experiment=d",
+        f"--train_dir={tmp_path}",
+    ]
+    first = prepare(*parse_args(flags))[0]
+    assert (first.nproc_per_node, first.num_workers) == (1, 1)
+    prepare_experiment_dir(first)  # its config.json, as msf-train writes it
+    resumed = [*flags, "--restart_behavior=resume", "--nproc_per_node=2", "--train_for_env_steps=2000"]
+    cfg = prepare(*parse_args(resumed))[0]  # a flag changed: the config is validated again
+    assert (cfg.nproc_per_node, cfg.num_workers) == (2, 2)

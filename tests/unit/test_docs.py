@@ -44,6 +44,7 @@ USER_ERRORS = {
     "RunFailed",
     "Refused",
     "JobLost",
+    "EnvStepFailed",
 }
 # Built-in exceptions whose message reaches the user from these modules (bad input from a user's env or flags,
 # a rank or node that did not come); elsewhere they mark broken internal invariants.

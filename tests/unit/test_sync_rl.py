@@ -188,6 +188,21 @@ def test_reset_ignores_seed_tells_a_seeded_env_from_one_that_is_not():
     assert reset_ignores_seed("MsfUnseededCartPole-v0")
 
 
+def test_reset_ignores_seed_makes_a_vector_only_env_as_a_vector_env():
+    """--deterministic with a name registered only by register_vector_env: checked as the vector env msf steps
+    (one env of it), not refused as a name that needs one gymnasium env."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helpers"))
+    import msf_test_envs  # noqa: F401 - registers the test envs
+
+    from msf.envs.seeding import reset_ignores_seed
+
+    # its observation counts the episodes: the second reset's first one is [0, 1, 0, 0], not the first's [0, 0, 0, 0]
+    assert reset_ignores_seed("MsfFiveStepSame")
+
+
 def test_per_row_generators_make_an_action_independent_of_the_batch():
     """--deterministic's sampling: a row's action depends on its own generator only, not on the rows beside it
     in the batch or their number."""

@@ -293,3 +293,61 @@ def test_an_env_registered_only_as_a_vector_env_is_refused_before_the_workers_wi
 def _nan_reward_spaces() -> tuple[gym.Space, gym.Space]:
     venv = make_nan_reward("MsfVectorOnly", 1, {"env_index": 0})
     return venv.single_observation_space, venv.single_action_space
+
+
+class DictObservationVectorEnv(msf_test_envs.FiveStepVectorEnv):
+    """The five-step env with its observation in a ``Dict``."""
+
+    def __init__(self, num_envs: int, first: int = 0):
+        super().__init__(num_envs, first, "SameStep")
+        self.single_observation_space = gym.spaces.Dict({"state": self.single_observation_space})
+
+
+def test_a_vector_env_with_dict_observations_is_refused_in_one_line_before_the_workers(tmp_path):
+    """A vector env's observations must be one Box: a Dict was refused as "not supported (supported: Box, Dict of
+    Box and Discrete)", which names it as supported."""
+    from msf.cfg.arguments import parse_args
+    from msf.cfg.validation import ConfigError
+    from msf.envs.registry import register_vector_env
+    from msf.train import prepare
+
+    register_vector_env("MsfDictVector", lambda name, n, env_config: DictObservationVectorEnv(n))
+    argv = ["--env=MsfDictVector", "--env_backend=vector", "--device=cpu", "--num_workers=1", f"--train_dir={tmp_path}"]
+    with pytest.raises(ConfigError) as e:
+        prepare(*parse_args(argv))
+    assert str(e.value) == (
+        "--env_backend=vector: MsfDictVector's vector env has the observation space Dict('state': Box(-1.0, "
+        "1e+06, (4,), float32)), and a vector env's must be a Box: flatten it in the env, or register one env "
+        "with msf.envs.register_env and use --env_backend=gymnasium"
+    )
+
+
+class RaisingVectorEnv(msf_test_envs.FiveStepVectorEnv):
+    """The five-step env whose 3rd step raises."""
+
+    def step(self, actions):
+        if sum(1 for _ in self.taken) == 2 * self.num_envs:
+            raise KeyError("no such joint")
+        return super().step(actions)
+
+
+def test_a_vector_env_whose_step_raises_is_named_in_one_line_with_worker_envs_and_step():
+    """The line a failed rollout worker's run reports (its traceback's last): the env, its exception and the line of
+    its code, the worker, its envs and the step; the env's own exception is the cause (its traceback in log.txt)."""
+    from msf.envs.registry import register_vector_env
+    from msf.envs.vector import EnvStepFailed
+
+    register_vector_env("MsfRaisingVector", lambda name, n, env_config: RaisingVectorEnv(n, env_config["env_index"]))
+    split = make_split(Config(env="MsfRaisingVector", env_backend="vector"), 3, [12, 13], seed=0)
+    split.reset()
+    for _ in range(2):
+        split.step(np.zeros(2, dtype=np.int64))
+    with pytest.raises(EnvStepFailed) as e:
+        split.step(np.zeros(2, dtype=np.int64))
+    line = int(RaisingVectorEnv.step.__code__.co_firstlineno) + 2
+    assert str(e.value) == (
+        f"MsfRaisingVector's step raised KeyError: 'no such joint' (test_vector_split.py:{line}, in step), on rollout "
+        "worker 3, envs 12..13, at step 3"
+    )
+    assert isinstance(e.value.__cause__, KeyError)
+    split.close()

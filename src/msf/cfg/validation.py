@@ -170,7 +170,8 @@ def _check_distributed(cfg: Config, p: Problems) -> None:
         cfg.nproc_per_node >= 1, "nproc_per_node", f"must be a positive integer, got {cfg.nproc_per_node}"
     ):
         p.check(
-            cfg.num_workers >= cfg.nproc_per_node or cfg.sampler_port != 0,
+            # a device env (--env_gpu_actions) has no rollout worker: msf sets --num_workers to the device groups
+            cfg.num_workers >= cfg.nproc_per_node or cfg.sampler_port != 0 or cfg.env_gpu_actions,
             "num_workers",
             f"must be at least nproc_per_node={cfg.nproc_per_node} (every device group needs a rollout worker), "
             f"got {cfg.num_workers}",

@@ -78,8 +78,15 @@ def single_spaces(name: str, venv: Any) -> EnvSpaces:
     checked against those declared for ``name`` (:func:`declare_spaces`), if any.
 
     Raises:
-        ValueError: they differ from the declared ones (both named). ConfigError: unsupported spaces.
+        ValueError: they differ from the declared ones (both named). ConfigError: unsupported spaces, an
+            observation space other than a ``Box`` among them.
     """
+    if not isinstance(venv.single_observation_space, gym.spaces.Box):
+        raise ConfigError(
+            f"--env_backend=vector: {name}'s vector env has the observation space {venv.single_observation_space}, "
+            "and a vector env's must be a Box: flatten it in the env, or register one env with msf.envs.register_env "
+            "and use --env_backend=gymnasium"
+        )
     spaces = spaces_of(_Declared(venv.single_observation_space, venv.single_action_space, 1))
     declared = _DECLARED.get(name.rpartition(":")[2])
     if declared is not None and spaces != declared:
@@ -268,12 +275,18 @@ def check_single_env(name: str, resolved: tuple[str, MakeEnvFn | None] | None = 
         ConfigError: ``name`` is registered only with :func:`register_vector_env` (not with :func:`register_env`,
             gymnasium or as a family).
     """
-    key, fn = resolved or _resolve(name)
-    if fn is None and name.rpartition(":")[2] in _VECTOR and not _is_gym_id(key):
+    if vector_only(name, resolved):
         raise ConfigError(
             f"--env_backend: {name!r} is registered only as a vector env (msf.envs.register_vector_env) and this "
             "needs one env: train it with --env_backend=vector, or register one env with msf.envs.register_env too"
         )
+
+
+def vector_only(name: str, resolved: tuple[str, MakeEnvFn | None] | None = None) -> bool:
+    """True when ``name`` is registered only with :func:`register_vector_env` (not with :func:`register_env`,
+    gymnasium or as a family); ``resolved``: the name's ``_resolve`` where the caller has it."""
+    key, fn = resolved or _resolve(name)
+    return fn is None and name.rpartition(":")[2] in _VECTOR and not _is_gym_id(key)
 
 
 def _nearest(short: str) -> str:
@@ -290,10 +303,16 @@ def maker_failed(name: str, e: Exception) -> NoReturn:
     Raises:
         ConfigError: always.
     """
+    raise ConfigError(f"--env={name}: making the env raised {raised(e)}") from e
+
+
+def raised(e: BaseException) -> str:
+    """``Type: first line of the message (file.py:line, in function)``: the exception and the innermost frame it
+    came from, for a one-line message about the user's code."""
     frames = traceback.extract_tb(e.__traceback__)
     where = f" ({os.path.basename(frames[-1].filename)}:{frames[-1].lineno}, in {frames[-1].name})" if frames else ""
     first = (str(e).strip().splitlines() or [""])[0]
-    raise ConfigError(f"--env={name}: making the env raised {type(e).__name__}: {first}{where}") from e
+    return f"{type(e).__name__}: {first}{where}"
 
 
 @dataclass(frozen=True)

@@ -26,11 +26,16 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from msf.cfg.validation import ENVPOOL_CLASSIC, ENVPOOL_SERVES, ConfigError, envpool_serves
-from msf.envs.registry import env_config_of, make_env, num_agents_of, single_spaces, vector_maker
+from msf.envs.registry import env_config_of, make_env, num_agents_of, raised, single_spaces, vector_maker
 from msf.runtime.spawning import OneLineFailure
 
 DECORRELATION_ROLLOUTS = 16
 """With ``--decorrelate_envs_on_one_worker``, no env takes this many rollouts of random steps or more."""
+
+
+class EnvStepFailed(RuntimeError):
+    """A vector env's ``step`` raised: one line naming the env, the exception and the innermost frame it came
+    from, the rollout worker, its envs and the step; the env's exception is the ``__cause__``."""
 
 
 def decorrelation_steps(j: int, n: int, rollout: int) -> int:
@@ -332,7 +337,12 @@ class VectorSplit:
         Returns:
             obs ``[n, *obs_shape]``, rewards ``[n]`` float32, terminated ``[n]`` bool, truncated ``[n]`` bool.
         """
-        obs, rew, term, trunc, _ = self.env.step(actions)
+        try:
+            obs, rew, term, trunc, _ = self.env.step(actions)
+        except Exception as e:  # the env's code: named in one line; its traceback is the cause's, in log.txt
+            raise EnvStepFailed(
+                f"{self.name}'s step raised {raised(e)}, on {self.where}, at step {self.steps + 1}"
+            ) from e
         obs, rew = np.asarray(obs), np.asarray(rew, dtype=np.float32)
         term, trunc = np.asarray(term, dtype=bool), np.asarray(trunc, dtype=bool)
         self.steps += 1

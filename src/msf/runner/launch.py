@@ -87,7 +87,8 @@ def resolve(cfg: Config, given: set[str], plan: NodePlan = SINGLE) -> Config:
             f"--nproc_per_node: {nproc} device groups but only {gpus} visible GPU(s) "
             "(CUDA_VISIBLE_DEVICES); use at most that many, or --device=cpu"
         )
-    if cfg.num_workers < nproc and plan.launcher == "local" and not cfg.sampler_port:
+    # a device env (--env_gpu_actions) has no rollout worker: resolve_device_env sets --num_workers to nproc
+    if cfg.num_workers < nproc and plan.launcher == "local" and not cfg.sampler_port and not cfg.env_gpu_actions:
         raise ConfigError(
             f"--num_workers: must be at least nproc_per_node={nproc} (every device group needs a "
             f"rollout worker), got {cfg.num_workers}"
