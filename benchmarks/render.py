@@ -47,13 +47,14 @@ def load() -> list[dict]:
 
 
 def fmt(v) -> str:
-    """A figure as the tables write it: thousands separated, floats as given."""
+    """A figure as the tables write it: thousands separated; floats under 10 to 3 significant digits (ratios,
+    microseconds), under 1,000 to one decimal, whole above."""
     if isinstance(v, bool) or v is None:
         return "" if v is None else str(v)
     if isinstance(v, int):
         return f"{v:,}"
     if isinstance(v, float):
-        return f"{v:,.1f}" if abs(v) < 1000 else f"{v:,.0f}"
+        return f"{v:.3g}" if abs(v) < 10 else f"{v:,.1f}" if abs(v) < 1000 else f"{v:,.0f}"
     return str(v)
 
 
