@@ -19,7 +19,7 @@ import json
 import os
 import sys
 import time
-from typing import Callable, cast
+from typing import cast
 
 import gymnasium as gym
 import numpy as np
@@ -252,7 +252,7 @@ def _make_eval_env(cfg: Config, seed: int, render: str | None, frameskip: int | 
     """
     from msf.envs.device_env import device_env_entry, make_device_env
     from msf.envs.offscreen import is_gl_failure
-    from msf.envs.registry import env_config_of, make_env, vector_maker, vector_only
+    from msf.envs.registry import env_config_of, make_env, one_vector_env, vector_only
 
     extra = {"frameskip": frameskip} if frameskip is not None and frameskip != cfg.env_frameskip else {}
     entry, config = device_env_entry(cfg.env), env_config_of(cfg, seed=seed, evaluation=True, **extra)
@@ -263,10 +263,9 @@ def _make_eval_env(cfg: Config, seed: int, render: str | None, frameskip: int | 
         if entry is not None:
             one = make_device_env(cfg, 1, torch.device("cpu"), seed, config)
             return _OneOfBatch(one, entry.observation_space, entry.action_space, on_device=True)
-        key, maker = vector_maker(cfg.env)
-        venv = cast(Callable, maker)(key, 1, config)
+        venv = one_vector_env(cfg.env, config)
         return _OneOfBatch(venv, venv.single_observation_space, venv.single_action_space, on_device=False)
-    env = make_env(cfg.env, env_config_of(cfg, seed=seed, evaluation=True, **extra), render_mode=render)
+    env = make_env(cfg.env, config, render_mode=render)
     if render is not None:
         try:
             env.reset(seed=seed)

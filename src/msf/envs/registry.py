@@ -73,6 +73,16 @@ def vector_maker(name: str) -> tuple[str, MakeVectorEnvFn | None]:
     return key, _VECTOR.get(key)
 
 
+ONE_ENV_CONFIG = {"worker_index": 0, "env_index": 0, "device_group": 0, "seed": 0}  # an env made outside the workers
+
+
+def one_vector_env(name: str, env_config: dict[str, Any] | None = None) -> Any:
+    """The vector env registered as ``name`` (:func:`register_vector_env`) with one env, where msf needs one env."""
+    key, maker = vector_maker(name)
+    assert maker is not None, f"{name} is registered as a vector env"
+    return maker(key, 1, dict(env_config or ONE_ENV_CONFIG))
+
+
 def single_spaces(name: str, venv: Any) -> EnvSpaces:
     """The :class:`EnvSpaces` of one env of the vector env ``venv`` made for ``name`` (its ``single_*`` spaces),
     checked against those declared for ``name`` (:func:`declare_spaces`), if any.
@@ -492,7 +502,7 @@ def env_spaces(name: str, env_config: dict[str, Any] | None = None, note_after_s
     if declared is not None and (fn is not None or vector is not None or _is_gym_id(key)):
         return declared  # an unknown name is left to make_env, which names it
     if vector is not None:  # registered as a vector env only: one of one env
-        venv = vector(short, 1, env_config or {"worker_index": 0, "env_index": 0, "device_group": 0, "seed": 0})
+        venv = one_vector_env(name, env_config)
         try:
             return single_spaces(name, venv)
         finally:
@@ -510,7 +520,7 @@ def env_spaces(name: str, env_config: dict[str, Any] | None = None, note_after_s
     note.daemon = True
     note.start()
     try:
-        env = make_env(name, env_config or {"worker_index": 0, "env_index": 0, "device_group": 0, "seed": 0})
+        env = make_env(name, env_config or dict(ONE_ENV_CONFIG))
     finally:
         note.cancel()
     took = time.monotonic() - t0

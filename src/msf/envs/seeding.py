@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from msf.envs.registry import make_env, vector_maker, vector_only
+from msf.envs.registry import make_env, one_vector_env, vector_only
 
 
 def reset_ignores_seed(name: str, env_config: dict[str, Any] | None = None, seed: int = 12345) -> bool:
@@ -16,12 +16,7 @@ def reset_ignores_seed(name: str, env_config: dict[str, Any] | None = None, seed
     A multi-agent env's first observation is compared whole (all agents). Observations that are dicts or tuples
     are compared entry by entry. A name registered only as a vector env (:func:`msf.envs.register_vector_env`) is
     made as a vector env of one env, the form in which msf steps it."""
-    if vector_only(name):
-        key, maker = vector_maker(name)
-        assert maker is not None
-        env = maker(key, 1, dict(env_config or {"worker_index": 0, "env_index": 0, "device_group": 0, "seed": 0}))
-    else:
-        env = make_env(name, env_config)
+    env = one_vector_env(name, env_config) if vector_only(name) else make_env(name, env_config)
     try:
         first = env.reset(seed=seed)[0]
         env.step(env.action_space.sample()) if hasattr(env, "action_space") else None
