@@ -106,6 +106,7 @@ def test_1024_torch_cartpoles_reach_gymnasiums_threshold(train_dir):
             "--num_epochs=4",
             "--stop_at_return_mean=475",
             "--train_for_env_steps=3000000",
+            "--experiment_summaries_interval=1",
             f"--train_dir={train_dir}",
             "--experiment=solve",
         ],

@@ -197,6 +197,7 @@ def test_batched_sampling_solves_cartpole_with_envpool(train_dir):
             *SMALL_ENV_FLAGS,
             "--stop_at_return_mean=475",
             "--train_for_env_steps=300000",
+            "--experiment_summaries_interval=1",
         ],
         timeout=240,
     )

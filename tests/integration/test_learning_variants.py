@@ -71,6 +71,7 @@ def test_cartpole_learns_with_vtrace(train_dir):
             "--with_vtrace=True",
             "--train_for_env_steps=300000",
             "--stop_at_return_mean=450",
+            "--experiment_summaries_interval=1",
             *SMALL_ENV_FLAGS,
         ],
         timeout=240,

@@ -21,9 +21,11 @@ from .conftest import SMALL_ENV_FLAGS, msf_env, read_summary, run_msf, wait_unti
 
 HOSTS2 = "--hosts=127.0.0.1,127.0.0.1"
 # CartPole over two nodes of one device group each: half the batch per replica, one rollout worker per node
+# --stop_at_return_mean is checked at each summary: every second, so that the run stops within ~10k steps of it
 TWO_NODE_FLAGS = [f for f in SMALL_ENV_FLAGS if not f.startswith(("--batch_size", "--num_workers"))] + [
     "--batch_size=256",
     "--num_workers=1",
+    "--experiment_summaries_interval=1",
 ]
 SMALL = ["--num_workers=1", "--num_envs_per_worker=4", "--batch_size=128", "--encoder_mlp_layers", "32"]
 SHORT = ["--env=CartPole-v1", *SMALL]

@@ -110,6 +110,7 @@ def test_a_learner_fed_only_by_a_sampler_node_reaches_450(train_dir):
     # the small-env preset, as local CartPole training runs it, with the node's workers in place of the learner's
     flags = [f for f in SMALL_ENV_FLAGS if not f.startswith("--num_workers")] + ["--num_workers=0"]
     args = ["--env=CartPole-v1", "--seed=0", "--train_for_env_steps=300000", "--stop_at_return_mean=450", *flags]
+    args.append("--experiment_summaries_interval=1")  # the target is checked at each summary
     j = job(train_dir, "fed", port, args)
     wait_for_log(train_dir / "fed" / "log.txt", "sampler nodes may join")
     node = sampler(

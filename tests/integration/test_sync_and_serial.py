@@ -112,6 +112,7 @@ def test_serial_mode_reaches_450_on_cartpole_within_300k_steps(train_dir):
             *SMALL_ENV_FLAGS,
             "--train_for_env_steps=300000",
             "--stop_at_return_mean=450",
+            "--experiment_summaries_interval=1",
             "--seed=2",
             "--learner_threads=1",
         ],

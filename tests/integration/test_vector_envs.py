@@ -80,6 +80,7 @@ def test_cartpoles_native_vector_env_trains(train_dir):
             *SMALL_ENV_FLAGS,
             "--stop_at_return_mean=150",
             "--train_for_env_steps=100000",
+            "--experiment_summaries_interval=1",
         ),
         timeout=240,
     )
