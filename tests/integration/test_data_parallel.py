@@ -145,7 +145,8 @@ def _processes_with(marker: str) -> list[int]:
     return pids
 
 
-@pytest.mark.parametrize("killed", [1, pytest.param(0, marks=pytest.mark.slow)])
+@pytest.mark.slow  # 15-30 s each; the default suite keeps test_failure_in_one_device_group_ends_the_job
+@pytest.mark.parametrize("killed", [1, 0])
 def test_a_killed_replica_ends_the_job_and_leaves_nothing_behind(train_dir, killed):
     """Rank 1 or rank 0 (the store's host) is SIGKILLed while training: exit code 1, the lost rank named, nothing
     left behind, and no c10d warnings from the survivor's store client (each came with a C++ stack trace)."""
@@ -250,6 +251,7 @@ def test_every_env_of_the_job_has_its_own_worker_and_env_index(train_dir, tmp_pa
     assert groups == {0: (0, "rank0"), 1: (0, "rank0"), 2: (1, "rank1"), 3: (1, "rank1")}, groups
 
 
+@pytest.mark.slow  # 22 s on 2 cores
 def test_a_stalled_rank_is_named_with_what_it_was_doing(train_dir):
     """Rank 1's envs take 0.1 s per step: it needs ~25 s for a batch, rank 0 waits --dist_timeout=10 s for it in
     the agreement and gives up. The error names rank 1 (gloo's own message blamed rank 0, the one waiting:

@@ -56,6 +56,7 @@ def test_the_semaphores_of_a_killed_run_are_removed_by_the_next_run(train_dir):
     assert len(lines) == 1 and int(lines[0][0]) >= len(left) and str(p.pid) in lines[0][1].split(", "), lines
 
 
+@pytest.mark.slow  # 17 s on 2 cores; the default suite keeps the killed run's
 @pytest.mark.skipif(not os.path.isdir("/proc") or not os.path.isdir("/dev/shm"), reason="Linux's /dev/shm only")
 def test_semaphores_removed_under_a_running_run_make_one_line_at_its_exit(train_dir):
     """The run's semaphore files are removed while it trains (systemd-logind's RemoveIPC, an rm): it trains on and

@@ -127,7 +127,8 @@ def test_a_non_finite_observation_or_reward_ends_the_run_in_one_line_naming_the_
         assert all(t.isfinite().all() for t in model.values() if t.is_floating_point()), path
 
 
-@pytest.mark.parametrize("nproc", [1, pytest.param(2, marks=pytest.mark.slow)])
+@pytest.mark.slow  # 20-25 s each; the default suite keeps test_env_failure_ends_run_and_keeps_checkpoint
+@pytest.mark.parametrize("nproc", [1, 2])
 def test_a_workers_failure_saves_the_learners_state_and_a_rerun_resumes_from_it(train_dir, nproc):
     """An env that raises ends the run (status ``failed``, exit code 1), but the learners were between two
     iterations, so their state is saved: with no periodic checkpoint (``--save_every_sec=1000``) a failed run kept
@@ -597,6 +598,7 @@ def _environ_has(pid: int, marker: bytes) -> bool:
         return False
 
 
+@pytest.mark.slow  # 23-25 s for each group count on 2 cores
 @pytest.mark.parametrize(
     "nproc, tries",
     [
@@ -611,7 +613,6 @@ def _environ_has(pid: int, marker: bytes) -> bool:
             2,
             [(0.5, "pid", INT), (2.0, "group", INT), (3.0, "pid", INT), (4.0, "group", INT), (6.0, "pid", INT)]
             + [(1.5, "group", TERM), (4.0, "pid", TERM)],
-            marks=pytest.mark.slow,  # 25 s; the default suite keeps one group's tries
             id="2-tries1",
         ),
     ],

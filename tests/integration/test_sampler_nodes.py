@@ -134,6 +134,7 @@ def test_a_learner_fed_only_by_a_sampler_node_reaches_450(train_dir):
     assert src["weights_bytes_sent"] > src["weights_sent"] * 1_000_000  # CartPole's small-env model: 1.07 MB
 
 
+@pytest.mark.slow  # 15 s on 2 cores; tests/unit/test_wire.py checks the signatures and malformed messages
 def test_intruders_are_refused_in_one_line_each_and_the_job_trains_on_then_ctrl_c_ends_its_sampler(train_dir):
     """Issue 37, number 6 and the first half of 5: a sampler without a key file (refused at once), one with another
     key, one with another env, and random
@@ -195,6 +196,7 @@ def test_intruders_are_refused_in_one_line_each_and_the_job_trains_on_then_ctrl_
     assert 0 <= node_sent(eg) * ROLLOUT - src["env_steps_received"] <= 64 * ROLLOUT
 
 
+@pytest.mark.slow  # 20 s on 2 cores
 def test_a_sampler_node_that_loses_its_job_exits_1_naming_the_address_and_leaves_nothing(train_dir):
     """Issue 37, the second half of number 5: the job SIGKILLed, its sampler node exits non-zero after
     --connect_timeout, naming the address, with no process of its own left and no record in /dev/shm."""

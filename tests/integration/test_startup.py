@@ -77,6 +77,7 @@ def test_declared_spaces_spare_the_launcher_its_env(train_dir, tmp_path):
     assert "to read its observation and action spaces" not in r.stderr
 
 
+@pytest.mark.slow  # 15 s on 2 cores
 def test_a_temp_folder_too_long_for_the_fork_servers_socket_still_trains(train_dir, tmp_path):
     """A TMPDIR of ~100 characters (a cluster job's folder): the fork server's Unix socket path would be too long
     (every child failed to start: "AF_UNIX path too long"), so the workers are spawned instead."""
@@ -101,6 +102,7 @@ def test_a_temp_folder_too_long_for_the_fork_servers_socket_still_trains(train_d
     assert s["status"] == "done" and s["env_steps"] >= 2000
 
 
+@pytest.mark.slow  # 10 s on 2 cores
 def test_the_start_up_of_many_envs_on_one_worker_is_measured(train_dir):
     """64 envs on one worker (rollout 32), decorrelated: summary.json says how long the start-up took, from spawning
     the workers to the first training step (``startup_s``), which comes after every env had started. Before, only
