@@ -94,7 +94,11 @@ def test_env_failure_ends_run_and_keeps_checkpoint(train_dir):
     log = (exp / "log.txt").read_text()
     assert "RuntimeError: deliberate failure inside the environment" in log
     assert "rollout_worker_" in log  # the failing component is named
-    assert read_summary(train_dir, "fail")["status"] == "failed"
+    s = read_summary(train_dir, "fail")
+    assert s["status"] == "failed", s
+    # one line: the env, its exception and where in its code, the worker and the env index
+    assert "MsfFailingCartPole-v0's step raised RuntimeError: deliberate failure inside the environment" in s["error"]
+    assert ", on rollout worker " in s["error"] and "\n" not in s["error"], s["error"]
     ckpts = sorted((exp / "checkpoint_p0").glob("checkpoint_*.pth"))
     assert ckpts, "the checkpoints written before the failure must survive"
     state = torch.load(ckpts[-1], weights_only=True)

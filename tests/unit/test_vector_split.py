@@ -331,23 +331,40 @@ class RaisingVectorEnv(msf_test_envs.FiveStepVectorEnv):
         return super().step(actions)
 
 
-def test_a_vector_env_whose_step_raises_is_named_in_one_line_with_worker_envs_and_step():
+class RaisingCartPole(gym.envs.classic_control.CartPoleEnv):
+    """CartPole whose 3rd step raises."""
+
+    def step(self, action):
+        self.t = getattr(self, "t", 0) + 1
+        if self.t == 3:
+            raise KeyError("no such joint")
+        return super().step(action)
+
+
+@pytest.mark.parametrize("backend", ["vector", "gymnasium"])
+def test_an_env_whose_step_raises_is_named_in_one_line_with_worker_envs_and_step(backend):
     """The line a failed rollout worker's run reports (its traceback's last): the env, its exception and the line of
-    its code, the worker, its envs and the step; the env's own exception is the cause (its traceback in log.txt)."""
-    from msf.envs.registry import register_vector_env
+    its code, the worker, its envs (the vector env's, or the gymnasium env that raised) and the step; the env's own
+    exception is the cause (its traceback in log.txt)."""
+    from msf.envs.registry import register_env, register_vector_env
     from msf.envs.vector import EnvStepFailed
 
     register_vector_env("MsfRaisingVector", lambda name, n, env_config: RaisingVectorEnv(n, env_config["env_index"]))
-    split = make_split(Config(env="MsfRaisingVector", env_backend="vector"), 3, [12, 13], seed=0)
+    register_env("MsfRaisingGym", lambda name, env_config: RaisingCartPole())
+    name, cls, where = {
+        "vector": ("MsfRaisingVector", RaisingVectorEnv, "envs 12..13"),
+        "gymnasium": ("MsfRaisingGym", RaisingCartPole, "env 12"),
+    }[backend]
+    split = make_split(Config(env=name, env_backend=backend, decorrelate_envs_on_one_worker=False), 3, [12, 13], seed=0)
     split.reset()
     for _ in range(2):
         split.step(np.zeros(2, dtype=np.int64))
     with pytest.raises(EnvStepFailed) as e:
         split.step(np.zeros(2, dtype=np.int64))
-    line = int(RaisingVectorEnv.step.__code__.co_firstlineno) + 2
+    line = int(cls.step.__code__.co_firstlineno) + (2 if backend == "vector" else 3)
     assert str(e.value) == (
-        f"MsfRaisingVector's step raised KeyError: 'no such joint' (test_vector_split.py:{line}, in step), on rollout "
-        "worker 3, envs 12..13, at step 3"
+        f"{name}'s step raised KeyError: 'no such joint' (test_vector_split.py:{line}, in step), on rollout "
+        f"worker 3, {where}, at step 3"
     )
     assert isinstance(e.value.__cause__, KeyError)
     split.close()

@@ -34,8 +34,9 @@ DECORRELATION_ROLLOUTS = 16
 
 
 class EnvStepFailed(RuntimeError):
-    """A vector env's ``step`` raised: one line naming the env, the exception and the innermost frame it came
-    from, the rollout worker, its envs and the step; the env's exception is the ``__cause__``."""
+    """An env's ``step`` raised: one line naming the env, the exception and the innermost frame it came from, the
+    rollout worker, its env (gymnasium backend) or envs (vector env) and the split's step; the env's exception is
+    the ``__cause__``."""
 
 
 def decorrelation_steps(j: int, n: int, rollout: int) -> int:
@@ -90,7 +91,7 @@ class GymSplit:
         self.action_space = self.envs[0].action_space
         self.tuple_actions = isinstance(self.action_space, gym.spaces.Tuple)
         self.A = num_agents_of(self.envs[0])
-        self.name = cfg.env
+        self.name, self.worker, self.env_indices, self.steps = cfg.env, worker_index, env_indices, 0
         self.ended = np.zeros(len(self.envs) * self.A, dtype=bool)  # rows whose episode ended at the last step
         self.autoreset_rows: np.ndarray | None = None  # every step is a transition (see VectorSplit)
 
@@ -137,16 +138,17 @@ class GymSplit:
         term = np.zeros(rows, dtype=bool)
         trunc = np.zeros(rows, dtype=bool)
         obs_out: list = [None] * rows
+        self.steps += 1
         for i, env in enumerate(self.envs):
             if A == 1:
-                obs, r, te, tr, _ = env.step(self._action(actions[i]))
+                obs, r, te, tr, _ = self._env_step(i, self._action(actions[i]))
                 rew[i], term[i], trunc[i] = r, te, tr
                 if te or tr:
                     obs, _ = env.reset()
                 obs_out[i] = obs
                 continue
             lo = i * A
-            obs, r, te, tr, _ = env.step([self._action(a) for a in actions[lo : lo + A]])
+            obs, r, te, tr, _ = self._env_step(i, [self._action(a) for a in actions[lo : lo + A]])
             rew[lo : lo + A], term[lo : lo + A], trunc[lo : lo + A] = r, te, tr
             ended = term[lo : lo + A] | trunc[lo : lo + A]
             if np.all(ended):
@@ -163,6 +165,13 @@ class GymSplit:
             self.ended[lo : lo + A] = ended
             obs_out[lo : lo + A] = list(obs)
         return obs_out, rew, term, trunc
+
+    def _env_step(self, i: int, action: Any) -> tuple:
+        try:
+            return self.envs[i].step(action)
+        except Exception as e:  # the env's code: named in one line; its traceback is the cause's, in log.txt
+            where = f"rollout worker {self.worker}, env {self.env_indices[i]}, at step {self.steps}"
+            raise EnvStepFailed(f"{self.name}'s step raised {raised(e)}, on {where}") from e
 
     def close(self) -> None:
         """Close every env, even when one of them fails to (the first failure is raised after)."""
