@@ -91,7 +91,12 @@ class GymSplit:
         self.action_space = self.envs[0].action_space
         self.tuple_actions = isinstance(self.action_space, gym.spaces.Tuple)
         self.A = num_agents_of(self.envs[0])
-        self.name, self.worker, self.env_indices, self.steps = cfg.env, worker_index, env_indices, 0
+        self.name, self.where, self.env_indices, self.steps = (
+            cfg.env,
+            f"rollout worker {worker_index}, env",
+            env_indices,
+            0,
+        )
         self.ended = np.zeros(len(self.envs) * self.A, dtype=bool)  # rows whose episode ended at the last step
         self.autoreset_rows: np.ndarray | None = None  # every step is a transition (see VectorSplit)
 
@@ -170,8 +175,8 @@ class GymSplit:
         try:
             return self.envs[i].step(action)
         except Exception as e:  # the env's code: named in one line; its traceback is the cause's, in log.txt
-            where = f"rollout worker {self.worker}, env {self.env_indices[i]}, at step {self.steps}"
-            raise EnvStepFailed(f"{self.name}'s step raised {raised(e)}, on {where}") from e
+            at = f"{self.env_indices[i]}, at step {self.steps}"
+            raise EnvStepFailed(f"{self.name}'s step raised {raised(e)}, on {self.where} {at}") from e
 
     def close(self) -> None:
         """Close every env, even when one of them fails to (the first failure is raised after)."""
