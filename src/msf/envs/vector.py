@@ -91,12 +91,8 @@ class GymSplit:
         self.action_space = self.envs[0].action_space
         self.tuple_actions = isinstance(self.action_space, gym.spaces.Tuple)
         self.A = num_agents_of(self.envs[0])
-        self.name, self.where, self.env_indices, self.steps = (
-            cfg.env,
-            f"rollout worker {worker_index}, env",
-            env_indices,
-            0,
-        )
+        self.name, self.env_indices, self.steps = cfg.env, env_indices, 0
+        self.where = f"rollout worker {worker_index}, env"  # of the failure line (with the env index)
         self.ended = np.zeros(len(self.envs) * self.A, dtype=bool)  # rows whose episode ended at the last step
         self.autoreset_rows: np.ndarray | None = None  # every step is a transition (see VectorSplit)
 
