@@ -277,6 +277,23 @@ def test_restart_and_new_experiments_ignore_saved_configs(tmp_path):
     assert resume_config(cfg, given) == (cfg, [])
 
 
+def test_resume_refuses_checkpoints_without_their_config(tmp_path):
+    """A config.json deleted by hand: resuming with this command line's flags would build another model than the
+    checkpoints' (a device group then failed loading them, exit 1), so it is refused before anything starts."""
+    from msf.runner.experiment import resume_config
+
+    _saved_experiment(tmp_path, encoder_mlp_layers=[64])
+    (tmp_path / "e" / "config.json").unlink()
+    (tmp_path / "e" / "checkpoint_p0").mkdir()
+    (tmp_path / "e" / "checkpoint_p0" / "checkpoint_000000012_3072.pth").write_bytes(b"")
+    cfg, given = parse_args([f"--train_dir={tmp_path}", "--experiment=e"])
+    config = tmp_path / "e" / "config.json"
+    with pytest.raises(ConfigError, match=f"^--experiment: {config} is missing, and the checkpoints in "):
+        resume_config(cfg, given)
+    cfg, given = parse_args([f"--train_dir={tmp_path}", "--experiment=e", "--restart_behavior=restart"])
+    assert resume_config(cfg, given) == (cfg, [])
+
+
 def test_symmetric_kl_is_refused_where_it_is_undefined():
     import numpy as np
 

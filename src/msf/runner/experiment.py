@@ -3,6 +3,7 @@ config a resumed experiment runs with."""
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -79,10 +80,15 @@ def resume_config(cfg: Config, given: set[str]) -> tuple[Config, list[str]]:
 
     Raises:
         ConfigError: a flag of :data:`msf.cfg.config.FIXED_FLAGS` differs from the saved experiment's; the saved
-            config is unreadable, or is a Sample Factory one that msf cannot map.
+            config is missing beside checkpoints, or unreadable, or is a Sample Factory one that msf cannot map.
     """
     path = config_file(experiment_dir(cfg))  # a Sample Factory folder: its config.json converted, or msf's own
     if cfg.restart_behavior != "resume" or not os.path.exists(path):
+        if cfg.restart_behavior == "resume" and glob.glob(os.path.join(experiment_dir(cfg), "checkpoint_p*", "*.pth")):
+            raise ConfigError(
+                f"--experiment: {path} is missing, and the checkpoints in {experiment_dir(cfg)} need the flags it held "
+                "to load; put it back, or use --restart_behavior=restart to start anew"
+            )
         return cfg, []
     try:
         with open(path) as f:
