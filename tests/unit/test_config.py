@@ -294,6 +294,28 @@ def test_resume_refuses_checkpoints_without_their_config(tmp_path):
     assert resume_config(cfg, given) == (cfg, [])
 
 
+def test_a_saved_config_edited_by_hand_is_checked_as_the_command_line_is(tmp_path, capsys):
+    """A value of the wrong type in config.json is one line naming the file and the flag (it was a TypeError's
+    traceback from deep in the start-up); a value of the right type is validated even when the command line
+    changes nothing (a batch of 100 with a rollout of 32 trained)."""
+    import json
+
+    from msf.runner.experiment import resume_config
+    from msf.train import main
+
+    saved = _saved_experiment(tmp_path, rollout=32)
+    path = tmp_path / "e" / "config.json"
+    path.write_text(json.dumps({**saved.to_dict(), "batch_size": "abc", "learning_rate": 1}))
+    cfg, given = parse_args([f"--train_dir={tmp_path}", "--experiment=e"])
+    with pytest.raises(ConfigError, match=rf"^--experiment: the saved config {path} is unreadable \(batch_size: 'abc'"):
+        resume_config(cfg, given)
+    path.write_text(json.dumps({**saved.to_dict(), "batch_size": 100, "learning_rate": 1}))
+    merged, changes = resume_config(cfg, given)
+    assert (merged.batch_size, merged.learning_rate, changes) == (100, 1, [])
+    assert main([f"--train_dir={tmp_path}", "--experiment=e"]) == 2
+    assert capsys.readouterr().err.startswith("msf-train: error: --batch_size: must be a multiple of rollout=32")
+
+
 def test_symmetric_kl_is_refused_where_it_is_undefined():
     import numpy as np
 
