@@ -73,6 +73,8 @@ def test_sample_factory_defaults():
         ({"num_workers": 0}, "--num_workers"),
         ({"lr_adaptive_max": -1.0}, "--lr_adaptive_max"),
         ({"num_batches_to_accumulate": -1}, "--num_batches_to_accumulate"),  # 0 is valid: no spare slots
+        ({"seed": -1}, "--seed"),  # a rollout worker's env seeding failed, after the start
+        ({"seed": 2**43}, "--seed"),  # with --deterministic, an inference worker's generator seed overflowed
     ],
 )
 def test_invalid_values_name_the_flag(tmp_path, changes, flag):
