@@ -318,6 +318,28 @@ def test_a_saved_config_edited_by_hand_is_checked_as_the_command_line_is(tmp_pat
     assert capsys.readouterr().err.startswith("msf-train: error: --batch_size: must be a multiple of rollout=32")
 
 
+def test_restarts_within_one_second_keep_every_old_folder(tmp_path, monkeypatch):
+    """--restart_behavior=restart names the old folder by the second: a second restart within it failed with an
+    OSError's traceback (the name was taken)."""
+    import os
+
+    from msf.runner import experiment
+
+    monkeypatch.setattr(experiment.time, "strftime", lambda fmt: "20261206_230000")
+    cfg = Config(train_dir=str(tmp_path), experiment="e", restart_behavior="restart")
+    for i in range(3):
+        (tmp_path / "e").mkdir(exist_ok=True)
+        (tmp_path / "e" / f"run{i}").write_text("")
+        experiment.prepare_experiment_dir(cfg)
+    old = "e_old_20261206_230000"
+    assert sorted(os.listdir(tmp_path)) == ["e", old, f"{old}_2", f"{old}_3"]
+    assert [sorted(os.listdir(tmp_path / f)) for f in (old, f"{old}_2", f"{old}_3")] == [
+        ["run0"],
+        ["config.json", "run1"],
+        ["config.json", "run2"],
+    ]
+
+
 def test_symmetric_kl_is_refused_where_it_is_undefined():
     import numpy as np
 
