@@ -41,8 +41,9 @@ def prepare_experiment_dir(cfg: Config) -> str:
             shutil.rmtree(d)
             print(f"msf-train: --restart_behavior=overwrite: deleted {d}", file=sys.stderr)
         else:
-            stamp = f"{d}_old_{time.strftime('%Y%m%d_%H%M%S')}"  # then _2, _3, ... within the same second
-            old = next(p for p in (stamp, *(f"{stamp}_{n}" for n in range(2, 10**6))) if not os.path.exists(p))
+            t = time.strftime("%Y%m%d_%H%M%S")  # then _2, _3, ... within the same second
+            stamp = next(s for s in (t, *(f"{t}_{n}" for n in range(2, 10**6))) if not os.path.exists(f"{d}_old_{s}"))
+            old = f"{d}_old_{stamp}"
             os.replace(d, old)
             print(f"msf-train: --restart_behavior=restart: moved the old experiment to {old}", file=sys.stderr)
     os.makedirs(d, exist_ok=True)
