@@ -135,7 +135,7 @@ def policy_io(model: ActorCritic) -> tuple[list[dict], list[dict]]:
                 "action to the env's bounds",
             ),
         ]
-    outputs.append(_spec("value", (), "float32", "value estimate, in return units (the return normaliser undone)"))
+    outputs.append(_spec("value", (), "float32", "value estimate, return of rewards x --reward_scale, unnormalised"))
     if model.core is not None:
         cores = "the cores' states" if model.critic_core is not None else "the core's state"
         outputs.append(

@@ -293,8 +293,7 @@ def prepare(cfg: Config, given: set[str]) -> tuple[Config, EnvSpaces, NodePlan, 
             "it: use torchrun's --max_restarts (or Slurm's --requeue) instead"
         )
     cfg, changes = resume_config(cfg, given)
-    if changes:
-        validate(cfg)
+    validate(cfg)  # the saved config too: a value edited by hand in it
     cfg = resolve(cfg, given, plan)
     assert cfg.nproc_per_node is not None, "launch.resolve() sets it"
     cfg = resolve_device_env(cfg, given, cfg.nproc_per_node)

@@ -73,6 +73,8 @@ def test_sample_factory_defaults():
         ({"num_workers": 0}, "--num_workers"),
         ({"lr_adaptive_max": -1.0}, "--lr_adaptive_max"),
         ({"num_batches_to_accumulate": -1}, "--num_batches_to_accumulate"),  # 0 is valid: no spare slots
+        ({"seed": -1}, "--seed"),  # a rollout worker's env seeding failed, after the start
+        ({"seed": 2**43}, "--seed"),  # with --deterministic, an inference worker's generator seed overflowed
     ],
 )
 def test_invalid_values_name_the_flag(tmp_path, changes, flag):
@@ -275,6 +277,67 @@ def test_restart_and_new_experiments_ignore_saved_configs(tmp_path):
     assert resume_config(cfg, given) == (cfg, [])
     cfg, given = parse_args([f"--train_dir={tmp_path}", "--experiment=other"])
     assert resume_config(cfg, given) == (cfg, [])
+
+
+def test_resume_refuses_checkpoints_without_their_config(tmp_path):
+    """A config.json deleted by hand: resuming with this command line's flags would build another model than the
+    checkpoints' (a device group then failed loading them, exit 1), so it is refused before anything starts."""
+    from msf.runner.experiment import resume_config
+
+    _saved_experiment(tmp_path, encoder_mlp_layers=[64])
+    (tmp_path / "e" / "config.json").unlink()
+    (tmp_path / "e" / "checkpoint_p0").mkdir()
+    (tmp_path / "e" / "checkpoint_p0" / "checkpoint_000000012_3072.pth").write_bytes(b"")
+    cfg, given = parse_args([f"--train_dir={tmp_path}", "--experiment=e"])
+    config = tmp_path / "e" / "config.json"
+    with pytest.raises(ConfigError, match=f"^--experiment: {config} is missing, and the checkpoints in "):
+        resume_config(cfg, given)
+    cfg, given = parse_args([f"--train_dir={tmp_path}", "--experiment=e", "--restart_behavior=restart"])
+    assert resume_config(cfg, given) == (cfg, [])
+
+
+def test_a_saved_config_edited_by_hand_is_checked_as_the_command_line_is(tmp_path, capsys):
+    """A value of the wrong type in config.json is one line naming the file and the flag (it was a TypeError's
+    traceback from deep in the start-up); a value of the right type is validated even when the command line
+    changes nothing (a batch of 100 with a rollout of 32 trained)."""
+    import json
+
+    from msf.runner.experiment import resume_config
+    from msf.train import main
+
+    saved = _saved_experiment(tmp_path, rollout=32)
+    path = tmp_path / "e" / "config.json"
+    path.write_text(json.dumps({**saved.to_dict(), "batch_size": "abc", "learning_rate": 1}))
+    cfg, given = parse_args([f"--train_dir={tmp_path}", "--experiment=e"])
+    with pytest.raises(ConfigError, match=rf"^--experiment: the saved config {path} is unreadable \(batch_size: 'abc'"):
+        resume_config(cfg, given)
+    path.write_text(json.dumps({**saved.to_dict(), "batch_size": 100, "learning_rate": 1}))
+    merged, changes = resume_config(cfg, given)
+    assert (merged.batch_size, merged.learning_rate, changes) == (100, 1, [])
+    assert main([f"--train_dir={tmp_path}", "--experiment=e"]) == 2
+    assert capsys.readouterr().err.startswith("msf-train: error: --batch_size: must be a multiple of rollout=32")
+
+
+def test_restarts_within_one_second_keep_every_old_folder(tmp_path, monkeypatch):
+    """--restart_behavior=restart names the old folder by the second: a second restart within it failed with an
+    OSError's traceback (the name was taken)."""
+    import os
+
+    from msf.runner import experiment
+
+    monkeypatch.setattr(experiment.time, "strftime", lambda fmt: "20261206_230000")
+    cfg = Config(train_dir=str(tmp_path), experiment="e", restart_behavior="restart")
+    for i in range(3):
+        (tmp_path / "e").mkdir(exist_ok=True)
+        (tmp_path / "e" / f"run{i}").write_text("")
+        experiment.prepare_experiment_dir(cfg)
+    old = "e_old_20261206_230000"
+    assert sorted(os.listdir(tmp_path)) == ["e", old, f"{old}_2", f"{old}_3"]
+    assert [sorted(os.listdir(tmp_path / f)) for f in (old, f"{old}_2", f"{old}_3")] == [
+        ["run0"],
+        ["config.json", "run1"],
+        ["config.json", "run2"],
+    ]
 
 
 def test_symmetric_kl_is_refused_where_it_is_undefined():

@@ -82,11 +82,19 @@ class Config(
     def from_dict(cls, d: dict) -> "Config":
         """A config from a saved ``config.json``; keys that are not flags are left out. A flag that shapes the
         model but that the file predates gets the value msf used before the flag existed (:data:`BEFORE_FLAG`),
-        so that an older experiment's checkpoints still fit its config."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        values = {k: v for k, v in d.items() if k in names}
+        so that an older experiment's checkpoints still fit its config.
+
+        Raises:
+            TypeError: a value is not of its flag's type (a file edited by hand), such as ``"batch_size": "abc"``.
+        """
+        defaults = cls().to_dict()
+        values = {k: v for k, v in d.items() if k in defaults}
+        for k, v in values.items():
+            kind = (int, float) if isinstance(defaults[k], float) else type(defaults[k])
+            if defaults[k] is not None and not isinstance(v, kind):
+                raise TypeError(f"{k}: {v!r} is not of the flag's type ({type(defaults[k]).__name__})")
         for name, value in BEFORE_FLAG.items():
-            if name not in d and name in names:
+            if name not in d and name in defaults:
                 values[name] = value
         return cls(**values)
 

@@ -136,6 +136,7 @@ def validate(cfg: Config) -> None:
     for name in FRACTIONS:
         v = getattr(cfg, name)
         p.check(0.0 <= v <= 1.0, name, f"must be in [0, 1], got {v}")
+    p.check(cfg.seed is None or 0 <= cfg.seed < 2**32, "seed", f"must be in [0, 2**32), got {cfg.seed}")
     for name in ("env_framestack", "eval_env_frameskip"):
         v = getattr(cfg, name)
         p.check(v is None or v >= 1, name, f"must be a positive integer, got {v}")

@@ -3,6 +3,7 @@ config a resumed experiment runs with."""
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -40,7 +41,9 @@ def prepare_experiment_dir(cfg: Config) -> str:
             shutil.rmtree(d)
             print(f"msf-train: --restart_behavior=overwrite: deleted {d}", file=sys.stderr)
         else:
-            old = f"{d}_old_{time.strftime('%Y%m%d_%H%M%S')}"
+            t = time.strftime("%Y%m%d_%H%M%S")  # then _2, _3, ... within the same second
+            stamp = next(s for s in (t, *(f"{t}_{n}" for n in range(2, 10**6))) if not os.path.exists(f"{d}_old_{s}"))
+            old = f"{d}_old_{stamp}"
             os.replace(d, old)
             print(f"msf-train: --restart_behavior=restart: moved the old experiment to {old}", file=sys.stderr)
     os.makedirs(d, exist_ok=True)
@@ -79,10 +82,15 @@ def resume_config(cfg: Config, given: set[str]) -> tuple[Config, list[str]]:
 
     Raises:
         ConfigError: a flag of :data:`msf.cfg.config.FIXED_FLAGS` differs from the saved experiment's; the saved
-            config is unreadable, or is a Sample Factory one that msf cannot map.
+            config is missing beside checkpoints, or unreadable, or is a Sample Factory one that msf cannot map.
     """
     path = config_file(experiment_dir(cfg))  # a Sample Factory folder: its config.json converted, or msf's own
     if cfg.restart_behavior != "resume" or not os.path.exists(path):
+        if cfg.restart_behavior == "resume" and glob.glob(os.path.join(experiment_dir(cfg), "checkpoint_p*", "*.pth")):
+            raise ConfigError(
+                f"--experiment: {path} is missing, and the checkpoints in {experiment_dir(cfg)} need the flags it held "
+                "to load; put it back, or use --restart_behavior=restart to start anew"
+            )
         return cfg, []
     try:
         with open(path) as f:

@@ -47,8 +47,8 @@ from msf.runner.training_loop import AgreementTimedOut, ComponentFailed, PeerFai
 from msf.runtime.reaping import STOP_GRACE_S, become_subreaper, children_now, end_orphans
 from msf.runtime.registrations import restore, snapshot
 from msf.runtime.semaphore_records import record_semaphores, remove_dead_runs_semaphores
-from msf.runtime.signals import Signals, ignore, set_handlers
-from msf.runtime.spawning import release_semaphores, use_quiet_executable
+from msf.runtime.signals import Signals, exit_on_interrupt, ignore, set_handlers
+from msf.runtime.spawning import use_quiet_executable
 
 log = logging.getLogger("msf")
 
@@ -181,7 +181,7 @@ def _launch_node(cfg: Config, spaces: EnvSpaces, plan: NodePlan, attempt: int) -
     except BaseException:
         signals.restore()
         raise
-    signals.watch(ctx.processes, errors)
+    signals.watch(ctx.processes)
     assert cfg.nproc_per_node is not None, "resolve() sets it"
     first = plan.node_rank * cfg.nproc_per_node
     try:
@@ -246,12 +246,11 @@ class _NodeSignals(Signals):
     def __init__(self) -> None:
         super().__init__(self._stop, lambda: self._send(CHECKPOINT_SIGNAL), self._again)
         self.procs: list[Any] = []
-        self.errors: Any = None
         self.install()
 
-    def watch(self, procs: list[Any], errors: Any) -> None:
+    def watch(self, procs: list[Any]) -> None:
         """The ranks have been spawned: pass on a stop that came while they were."""
-        self.procs, self.errors = procs, errors
+        self.procs = procs
         if self.count:
             self._send(signal.SIGTERM)
 
@@ -266,8 +265,7 @@ class _NodeSignals(Signals):
     def _again(self, signum: int) -> None:
         if signum == signal.SIGINT:
             self._send(signal.SIGKILL)
-            release_semaphores(self.errors)  # os._exit skips the queue's own clean-up
-            os._exit(130)
+            exit_on_interrupt(signum)
 
     def _send(self, sig: int) -> None:
         for p in self.procs:

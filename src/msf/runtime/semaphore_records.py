@@ -57,6 +57,20 @@ def _at_exit(path: str, pid: int) -> None:
         _unlink(path)
 
 
+def release_recorded_semaphores() -> None:
+    """Before an exit that skips the clean-up at exit (``os._exit``): unlink the semaphores of this process's
+    record, take them off the resource tracker's list (which would report them as leaked) and remove the record."""
+    from msf.runtime.spawning import release_named_semaphores
+
+    path = os.path.join(SHM, f"{PREFIX}{os.getpid()}")
+    try:
+        with open(path) as f:
+            release_named_semaphores(f.read().split()[1:])
+    except OSError:  # no record
+        return
+    _unlink(path)
+
+
 def forget_removed_semaphores() -> None:
     """The semaphores this process made whose files were removed while it ran: log one line, and take them off
     multiprocessing's clean-up (the finalizer that would unlink each, the resource tracker's list), which would

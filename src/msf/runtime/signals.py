@@ -29,8 +29,12 @@ def ignore(*signums: int) -> None:
 
 def exit_on_interrupt(signum: int) -> None:
     """What a stop signal after the first does by default: a second Ctrl-C (SIGINT) exits at once with code 130;
-    a SIGTERM or SIGHUP changes nothing."""
+    a SIGTERM or SIGHUP changes nothing. The process's recorded semaphores go with it (``os._exit`` skips their
+    clean-up)."""
     if signum == signal.SIGINT:
+        from msf.runtime.semaphore_records import release_recorded_semaphores
+
+        release_recorded_semaphores()
         os._exit(130)
 
 

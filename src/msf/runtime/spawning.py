@@ -280,10 +280,15 @@ def release_semaphores(*objs: Any) -> None:
     """Unlink the named semaphores of the ``multiprocessing`` queues and events in ``objs`` (at any depth of
     dataclasses, lists, tuples and dicts) and take them off the resource tracker's list, so that the tracker
     does not report them as leaked. A name already unlinked (by another process) is left alone."""
+    release_named_semaphores(semaphore_names(*objs))
+
+
+def release_named_semaphores(names: list[str]) -> None:
+    """:func:`release_semaphores` by the semaphores' names (``/mp-...``)."""
     from _multiprocessing import sem_unlink
     from multiprocessing import resource_tracker
 
-    for name in semaphore_names(*objs):
+    for name in names:
         try:
             sem_unlink(name)
         except OSError:  # FileNotFoundError: another process released it
