@@ -60,6 +60,7 @@ def test_all_replicas_enter_before_any_leaves(train_dir, n):
     assert max(a for a, _ in joins.values()) <= min(b for _, b in joins.values())
 
 
+@pytest.mark.slow  # 16 s on 2 cores
 def test_a_late_replica_is_waited_for_and_released_at_once(train_dir):
     r = _run(train_dir, "late", 2, ["--dist_timeout=60"], late="1:5")
     assert r.returncode == 0, r.stderr[-3000:]

@@ -209,6 +209,7 @@ def test_a_killed_replica_ends_the_job_and_leaves_nothing_behind(train_dir, kill
     assert ckpts and torch.load(ckpts[-1], weights_only=True)["env_steps"] > 0
 
 
+@pytest.mark.slow  # 14 s on 2 cores
 def test_every_env_of_the_job_has_its_own_worker_and_env_index(train_dir, tmp_path):
     """Two device groups, 2 rollout workers x 3 envs each: the 12 envs see worker_index 0..3 and env_index 0..11,
     each pair once, with the device group's rank beside them (both groups gave worker_index 0 and env_index

@@ -80,6 +80,7 @@ def _same_run(sa: dict, sb: dict, ca: dict, cb: dict) -> None:
     assert len(steps) >= 2 and {b - a for a, b in zip(steps, steps[1:])} == {iteration}, steps
 
 
+@pytest.mark.slow  # 22 s on 2 cores; the default suite keeps the two-group repeat
 def test_the_same_seed_gives_the_same_run_in_worker_processes_or_in_one_process(train_dir):
     """Three runs with one seed, one device group, 40 iterations (5,120 env steps) each, at once: twice with worker
     processes and once with ``--serial_mode=True`` (the same components stepped in one process): the same steps,
@@ -168,6 +169,7 @@ def test_an_env_that_ignores_its_seed_is_named_in_a_warning(train_dir):
     # (a seeded env gives no warning: tests/unit/test_sync_rl.py checks reset_ignores_seed on CartPole-v1)
 
 
+@pytest.mark.slow  # 23 s on 2 cores; the default suite keeps the two-group repeat
 def test_two_groups_at_half_the_batch_train_what_one_group_trains(train_dir):
     """The same 16 envs (4 workers x 4) as one device group at batch 512 or two at 256: the same seeds, actions
     and batches, so after 19 iterations every tensor agrees up to the float rounding of the all-reduce (1e-5 of
