@@ -41,9 +41,11 @@ def prepare_experiment_dir(cfg: Config) -> str:
             shutil.rmtree(d)
             print(f"msf-train: --restart_behavior=overwrite: deleted {d}", file=sys.stderr)
         else:
-            t = time.strftime("%Y%m%d_%H%M%S")  # then _2, _3, ... within the same second
-            stamp = next(s for s in (t, *(f"{t}_{n}" for n in range(2, 10**6))) if not os.path.exists(f"{d}_old_{s}"))
-            old = f"{d}_old_{stamp}"
+            t = time.strftime("%Y%m%d_%H%M%S")
+            old, n = f"{d}_old_{t}", 1
+            while os.path.exists(old):  # a restart within the same second: _2, _3, ...
+                n += 1
+                old = f"{d}_old_{t}_{n}"
             os.replace(d, old)
             print(f"msf-train: --restart_behavior=restart: moved the old experiment to {old}", file=sys.stderr)
     os.makedirs(d, exist_ok=True)
